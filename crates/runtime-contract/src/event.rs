@@ -1,0 +1,233 @@
+//! Events: what a run reports while it happens, and the sinks that receive them.
+//!
+//! Every event carries its `run_id` and `thread_id` and serializes as one
+//! JSON object tagged by `type`, so a run can be written out as JSONL. Every
+//! run's last event is exactly one [`AgentEvent::RunFinished`].
+
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::lifecycle::CancelCause;
+use crate::lifecycle::TerminationReason;
+use crate::message::TokenUsage;
+
+/// Something that happened in a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum AgentEvent {
+    /// The run took its thread's slot and is starting.
+    RunStarted {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The agent running.
+        agent_id: String,
+    },
+    /// A round began.
+    StepStarted {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The round number, from 1.
+        step: u32,
+    },
+    /// A piece of the model's answer arrived.
+    TextDelta {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The text.
+        delta: String,
+    },
+    /// A tool call is about to run.
+    ToolCallStarted {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The model's id for the call.
+        call_id: String,
+        /// The tool.
+        name: String,
+        /// Its arguments.
+        arguments: serde_json::Value,
+    },
+    /// A tool call finished (or was not run; see `is_error`).
+    ToolCallFinished {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The model's id for the call.
+        call_id: String,
+        /// The tool.
+        name: String,
+        /// What the model will see.
+        result: String,
+        /// Whether the call failed, panicked, or did not run.
+        is_error: bool,
+    },
+    /// An inference failed with a retryable error and will be retried.
+    InferenceRetry {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// How many attempts in a row have failed so far.
+        attempt: u32,
+        /// The error.
+        error: String,
+        /// The wait before the next attempt.
+        delay_ms: u64,
+    },
+    /// The runtime added a corrective user message before the next inference.
+    Nudge {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The message's text.
+        text: String,
+    },
+    /// The run ended. Always the last event of a run, exactly once.
+    RunFinished {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// Why it ended, code and detail included.
+        termination: TerminationReason,
+        /// The text of the last answer.
+        response: String,
+        /// Who cancelled it, when it was cancelled.
+        cancel_cause: Option<CancelCause>,
+        /// Inferences made (failed attempts included).
+        steps: u32,
+        /// The sum of the usage providers reported.
+        usage: TokenUsage,
+    },
+}
+
+impl AgentEvent {
+    /// The run the event belongs to.
+    pub fn run_id(&self) -> &str {
+        match self {
+            Self::RunStarted { run_id, .. }
+            | Self::StepStarted { run_id, .. }
+            | Self::TextDelta { run_id, .. }
+            | Self::ToolCallStarted { run_id, .. }
+            | Self::ToolCallFinished { run_id, .. }
+            | Self::InferenceRetry { run_id, .. }
+            | Self::Nudge { run_id, .. }
+            | Self::RunFinished { run_id, .. } => run_id,
+        }
+    }
+
+    /// The thread the event belongs to.
+    pub fn thread_id(&self) -> &str {
+        match self {
+            Self::RunStarted { thread_id, .. }
+            | Self::StepStarted { thread_id, .. }
+            | Self::TextDelta { thread_id, .. }
+            | Self::ToolCallStarted { thread_id, .. }
+            | Self::ToolCallFinished { thread_id, .. }
+            | Self::InferenceRetry { thread_id, .. }
+            | Self::Nudge { thread_id, .. }
+            | Self::RunFinished { thread_id, .. } => thread_id,
+        }
+    }
+}
+
+/// Receives a run's events, in order, from the run's task.
+///
+/// `emit` is called on the hot path of the loop: keep it cheap and never
+/// block on I/O; hand events to a channel if they need slow processing.
+pub trait EventSink: Send + Sync {
+    /// Receives one event.
+    fn emit(&self, event: AgentEvent);
+}
+
+/// A sink that drops every event.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NullSink;
+
+impl EventSink for NullSink {
+    fn emit(&self, _event: AgentEvent) {}
+}
+
+/// A sink that keeps every event in memory, for tests and examples.
+#[derive(Debug, Default)]
+pub struct CollectingSink {
+    events: Mutex<Vec<AgentEvent>>,
+}
+
+impl CollectingSink {
+    /// An empty sink.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A copy of the events received so far, in order.
+    pub fn events(&self) -> Vec<AgentEvent> {
+        self.lock().clone()
+    }
+
+    /// Removes and returns the events received so far.
+    pub fn take(&self) -> Vec<AgentEvent> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<AgentEvent>> {
+        // A panic while holding this lock can only come from `Vec::push`
+        // running out of memory; the events are still usable then.
+        self.events.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl EventSink for CollectingSink {
+    fn emit(&self, event: AgentEvent) {
+        self.lock().push(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_serialize_as_one_tagged_object() {
+        let e = AgentEvent::TextDelta {
+            run_id: "r".into(),
+            thread_id: "t".into(),
+            delta: "hi".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            serde_json::json!({"type": "text_delta", "run_id": "r", "thread_id": "t", "delta": "hi"})
+        );
+        assert_eq!(e.run_id(), "r");
+        assert_eq!(e.thread_id(), "t");
+    }
+
+    #[test]
+    fn collecting_sink_keeps_events_in_order() {
+        let sink = CollectingSink::new();
+        for step in 1..=3 {
+            sink.emit(AgentEvent::StepStarted { run_id: "r".into(), thread_id: "t".into(), step });
+        }
+        let steps: Vec<_> = sink
+            .events()
+            .into_iter()
+            .map(|e| match e {
+                AgentEvent::StepStarted { step, .. } => step,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(steps, [1, 2, 3]);
+    }
+}

@@ -1,0 +1,226 @@
+//! How runs end: declarative stop conditions, termination reasons and the
+//! lifecycle updates that carry them.
+//!
+//! **Invariant:** a stop reason is never turned into a string before it
+//! reaches `RunFinished`: [`RunLifecycleUpdate::Done`] carries the whole
+//! [`TerminationReason`], code and detail.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A declarative stop condition, as written in YAML or JSON.
+///
+/// Serialized internally tagged by `type` in snake case, e.g.
+/// `{ type: max_rounds, rounds: 10 }`. A limit of 0 (or an empty name or
+/// pattern) disables the condition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum StopConditionSpec {
+    /// Stop once `rounds` inferences have been made (`step_count >= rounds`).
+    MaxRounds {
+        /// The round limit.
+        rounds: usize,
+    },
+    /// Stop once more than `seconds` have passed since the run started; also
+    /// a deadline that cancels work still in flight.
+    Timeout {
+        /// The limit in seconds.
+        seconds: u64,
+    },
+    /// Stop once reported input + output tokens exceed `max_total`.
+    TokenBudget {
+        /// The token limit.
+        max_total: usize,
+    },
+    /// Stop once `max` inferences in a row have failed.
+    ConsecutiveErrors {
+        /// The error streak limit.
+        max: usize,
+    },
+    /// Stop, before it runs, when the model calls the tool `tool_name`.
+    StopOnTool {
+        /// The tool's name.
+        tool_name: String,
+    },
+    /// Stop when the regex `pattern` matches the latest response text.
+    ContentMatch {
+        /// A `regex` crate pattern.
+        pattern: String,
+    },
+    /// Stop when the last `window` non-empty responses are identical.
+    LoopDetection {
+        /// How many identical responses in a row stop the run.
+        window: usize,
+    },
+}
+
+impl StopConditionSpec {
+    /// The variant's `type` tag, which is also the stop code it produces.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::MaxRounds { .. } => "max_rounds",
+            Self::Timeout { .. } => "timeout",
+            Self::TokenBudget { .. } => "token_budget",
+            Self::ConsecutiveErrors { .. } => "consecutive_errors",
+            Self::StopOnTool { .. } => "stop_on_tool",
+            Self::ContentMatch { .. } => "content_match",
+            Self::LoopDetection { .. } => "loop_detection",
+        }
+    }
+}
+
+/// Why a stop condition ended a run: a machine-readable `code` (the policy's
+/// id) and a human-readable `detail`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StoppedReason {
+    /// The stop code, e.g. `max_rounds`.
+    pub code: String,
+    /// What exactly triggered it, e.g. `reached 10 rounds (limit 10)`.
+    pub detail: String,
+}
+
+impl StoppedReason {
+    /// A reason with the given code and detail.
+    pub fn new(code: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Why a run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "value", rename_all = "snake_case")]
+pub enum TerminationReason {
+    /// The model answered without calling a tool.
+    NaturalEnd,
+    /// A stop condition (or a hook) ended the run.
+    Stopped(StoppedReason),
+    /// The run was cancelled; see the run's cancel cause for by whom.
+    Cancelled,
+    /// The run failed: a non-retryable inference error, a failing hook, or an
+    /// internal fault. The message says which.
+    Error(String),
+}
+
+impl TerminationReason {
+    /// A `Stopped` reason with the given code and detail.
+    pub fn stopped(code: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::Stopped(StoppedReason::new(code, detail))
+    }
+
+    /// The stop code if this is `Stopped`.
+    pub fn stop_code(&self) -> Option<&str> {
+        match self {
+            Self::Stopped(r) => Some(&r.code),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for TerminationReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NaturalEnd => f.write_str("natural end"),
+            Self::Stopped(r) => write!(f, "stopped ({}): {}", r.code, r.detail),
+            Self::Cancelled => f.write_str("cancelled"),
+            Self::Error(m) => write!(f, "error: {m}"),
+        }
+    }
+}
+
+/// Who or what cancelled a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CancelCause {
+    /// An explicit request: `cancel_by_thread`, `cancel_run`, a run handle,
+    /// a parent token, or the run's future being dropped.
+    Requested,
+    /// A newer mailbox submission on the same thread interrupted it.
+    Interrupted {
+        /// The run that took over the thread.
+        by_run_id: String,
+    },
+    /// The runtime shut down.
+    Shutdown,
+    /// A `timeout` stop condition's deadline passed while work was running.
+    Deadline,
+}
+
+/// Where a run is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// The run holds its thread's slot and is making progress.
+    Running,
+    /// The run has ended.
+    Done,
+}
+
+/// A change of a run's lifecycle, as requested by a hook or a policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", content = "reason", rename_all = "snake_case")]
+pub enum RunLifecycleUpdate {
+    /// Keep running.
+    Running,
+    /// End the run with this reason, kept whole.
+    Done(TerminationReason),
+}
+
+impl RunLifecycleUpdate {
+    /// The status this update moves the run to.
+    pub fn status(&self) -> RunStatus {
+        match self {
+            Self::Running => RunStatus::Running,
+            Self::Done(_) => RunStatus::Done,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn termination_reasons_are_adjacently_tagged() {
+        let stopped = TerminationReason::stopped("max_rounds", "reached 3 rounds");
+        assert_eq!(
+            serde_json::to_value(&stopped).unwrap(),
+            json!({"type": "stopped", "value": {"code": "max_rounds", "detail": "reached 3 rounds"}})
+        );
+        assert_eq!(
+            serde_json::to_value(TerminationReason::Error("boom".into())).unwrap(),
+            json!({"type": "error", "value": "boom"})
+        );
+        assert_eq!(
+            serde_json::to_value(TerminationReason::Cancelled).unwrap(),
+            json!({"type": "cancelled"})
+        );
+    }
+
+    #[test]
+    fn stop_condition_specs_use_the_documented_shape() {
+        let cases = [
+            (StopConditionSpec::MaxRounds { rounds: 10 }, json!({"type": "max_rounds", "rounds": 10})),
+            (StopConditionSpec::Timeout { seconds: 300 }, json!({"type": "timeout", "seconds": 300})),
+            (StopConditionSpec::TokenBudget { max_total: 100000 }, json!({"type": "token_budget", "max_total": 100000})),
+            (StopConditionSpec::ConsecutiveErrors { max: 3 }, json!({"type": "consecutive_errors", "max": 3})),
+            (StopConditionSpec::StopOnTool { tool_name: "finish".into() }, json!({"type": "stop_on_tool", "tool_name": "finish"})),
+            (StopConditionSpec::ContentMatch { pattern: "(?i)done".into() }, json!({"type": "content_match", "pattern": "(?i)done"})),
+            (StopConditionSpec::LoopDetection { window: 3 }, json!({"type": "loop_detection", "window": 3})),
+        ];
+        for (spec, expected) in cases {
+            assert_eq!(serde_json::to_value(&spec).unwrap(), expected);
+            assert_eq!(serde_json::from_value::<StopConditionSpec>(expected).unwrap(), spec);
+            assert_eq!(spec.kind(), serde_json::to_value(&spec).unwrap()["type"]);
+        }
+    }
+
+    #[test]
+    fn unknown_fields_in_a_stop_condition_are_rejected() {
+        let err = serde_json::from_value::<StopConditionSpec>(json!({"type": "max_rounds", "rounds": 1, "extra": 2}));
+        assert!(err.is_err());
+    }
+}

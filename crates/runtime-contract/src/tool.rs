@@ -1,0 +1,156 @@
+//! Tools: work the model can ask for.
+//!
+//! A tool is called with JSON arguments and a [`ToolContext`] whose
+//! `cancellation` token is a child of the run's. Honouring it is how a tool
+//! stops promptly; a tool that ignores it is dropped at its next await when
+//! its run is cancelled.
+
+use serde::{Deserialize, Serialize};
+
+use crate::CancellationToken;
+
+/// What the model is told about a tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolDescriptor {
+    /// The name the model calls it by.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// A JSON schema of its arguments (default: an object with no declared properties).
+    pub parameters: serde_json::Value,
+}
+
+impl ToolDescriptor {
+    /// A descriptor whose parameters accept any object.
+    pub fn new(name: impl Into<String>, description: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            description: description.into(),
+            parameters: serde_json::json!({"type": "object", "properties": {}}),
+        }
+    }
+
+    /// Sets the JSON schema of the arguments.
+    pub fn with_parameters(mut self, schema: serde_json::Value) -> Self {
+        self.parameters = schema;
+        self
+    }
+}
+
+/// Where a tool call runs: its thread, run and call ids, and its
+/// cancellation token (a child of the run's).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ToolContext {
+    /// The thread the run belongs to.
+    pub thread_id: String,
+    /// The run making the call.
+    pub run_id: String,
+    /// The model's id for this call.
+    pub call_id: String,
+    /// Cancelled when the run is cancelled (or its deadline passes).
+    pub cancellation: CancellationToken,
+}
+
+impl ToolContext {
+    /// A context, e.g. for calling a tool directly in a test.
+    pub fn new(
+        thread_id: impl Into<String>,
+        run_id: impl Into<String>,
+        call_id: impl Into<String>,
+        cancellation: CancellationToken,
+    ) -> Self {
+        Self {
+            thread_id: thread_id.into(),
+            run_id: run_id.into(),
+            call_id: call_id.into(),
+            cancellation,
+        }
+    }
+}
+
+/// A tool's successful output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolOutput {
+    /// The output; a JSON string is shown to the model as plain text,
+    /// anything else as JSON.
+    pub value: serde_json::Value,
+}
+
+impl ToolOutput {
+    /// Plain text output.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self {
+            value: serde_json::Value::String(text.into()),
+        }
+    }
+
+    /// JSON output.
+    pub fn json(value: serde_json::Value) -> Self {
+        Self { value }
+    }
+
+    /// The text the model sees.
+    pub fn to_content(&self) -> String {
+        match &self.value {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// A tool's failure; its message is shown to the model as an error result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ToolError {
+    message: String,
+}
+
+impl ToolError {
+    /// An error with this message.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+/// A tool the model can call.
+///
+/// `execute` may be dropped at any await point when the run is cancelled;
+/// do not leave shared state half-updated across an await.
+#[async_trait::async_trait]
+pub trait Tool: Send + Sync {
+    /// The tool's name, description and argument schema.
+    fn descriptor(&self) -> ToolDescriptor;
+
+    /// Runs the tool.
+    ///
+    /// # Errors
+    ///
+    /// A [`ToolError`] the model sees as an error result; the run goes on.
+    async fn execute(
+        &self,
+        args: serde_json::Value,
+        ctx: &ToolContext,
+    ) -> Result<ToolOutput, ToolError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_output_is_shown_verbatim_and_json_as_json() {
+        assert_eq!(ToolOutput::text("hi").to_content(), "hi");
+        assert_eq!(
+            ToolOutput::json(serde_json::json!({"ok": true})).to_content(),
+            r#"{"ok":true}"#
+        );
+    }
+}
