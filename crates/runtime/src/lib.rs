@@ -1,1 +1,42 @@
-//! wip
+//! The Rein engine: runs agents.
+//!
+//! # The model in one line
+//!
+//! An [`AgentRuntime`] takes a [`RunRequest`] for a thread, takes that
+//! thread's slot, and runs rounds — inference, then the tool calls it asked
+//! for — until the model answers without tools, a stop policy or hook ends
+//! the run, or it is cancelled; the result is an [`AgentRunResult`] and the
+//! last event is always one `RunFinished`.
+//!
+//! # The roles
+//!
+//! - The [`AgentRuntimeBuilder`] registers agents, models, providers
+//!   (executors), tools and [`plugin`]s by id and checks them at `build()`.
+//! - [`plugin`]s contribute typed state keys, [`phase`] hooks and tools to
+//!   the agents that list them in `plugin_ids`.
+//! - [`policies`] decide after each inference whether a run stops; the
+//!   agent's `max_rounds` and `stop_conditions` are always enforced.
+//! - The active-run registry keeps one run per thread; the [`Mailbox`]
+//!   interrupts a thread's run when new input arrives.
+//!
+//! The executors live in `rein-providers`; this crate never depends on it.
+//! Most users depend on the `rein` facade instead of this crate.
+
+mod active_runs;
+mod agent;
+mod agent_loop;
+mod builder;
+mod history;
+mod mailbox;
+pub mod phase;
+pub mod plugin;
+pub mod policies;
+mod run;
+mod runtime;
+mod state;
+pub mod thread_store;
+
+pub use builder::{AgentRuntimeBuilder, BuildError, DEFAULT_CANCEL_WAIT_TIMEOUT};
+pub use mailbox::{Mailbox, RunHandle};
+pub use run::{AgentRunResult, RunRequest};
+pub use runtime::{AgentRuntime, RuntimeError};

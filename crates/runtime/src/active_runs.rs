@@ -1,0 +1,183 @@
+//! The active-run registry: at most one active run per thread, and the
+//! handles that cancel a run and wait for it to let go of its thread.
+//!
+//! **Invariant 2:** a thread has at most one active run at every instant —
+//! [`ActiveRunRegistry::acquire`] inserts into the thread map only when the
+//! entry is vacant, under the map's shard lock.
+//!
+//! **Invariant 5:** the slot is released on every exit path — it is owned by a
+//! [`SlotGuard`] whose `Drop` releases it, so a normal end, an error, a panic
+//! and a dropped run task all release it. The run task drops the guard only
+//! after its tool futures are finished or dropped, its history is repaired
+//! and `RunFinished` is emitted.
+//!
+//! Waiting uses a second `CancellationToken` (`released`) as a one-shot
+//! latch: `cancel()` is idempotent and `cancelled().await` cannot miss a
+//! `cancel()` that races with it, so no wake-up is lost.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use rein_runtime_contract::CancellationToken;
+use rein_runtime_contract::lifecycle::CancelCause;
+
+tokio::task_local! {
+    /// The run whose task (or tool task) is executing, to detect a run
+    /// waiting on itself.
+    pub(crate) static CURRENT_RUN: Arc<str>;
+}
+
+/// The control block of one run: its token, why it was cancelled, and the
+/// latch that opens when its slot is released.
+#[derive(Debug)]
+pub(crate) struct RunControl {
+    pub(crate) run_id: Arc<str>,
+    pub(crate) thread_id: String,
+    pub(crate) token: CancellationToken,
+    cause: OnceLock<CancelCause>,
+    released: CancellationToken,
+}
+
+impl RunControl {
+    pub(crate) fn new(run_id: Arc<str>, thread_id: String, token: CancellationToken) -> Self {
+        Self {
+            run_id,
+            thread_id,
+            token,
+            cause: OnceLock::new(),
+            released: CancellationToken::new(),
+        }
+    }
+
+    /// Cancels the run; the first cause recorded is the one reported.
+    pub(crate) fn cancel(&self, cause: CancelCause) {
+        let _ = self.cause.set(cause);
+        self.token.cancel();
+    }
+
+    /// The recorded cause, if any.
+    pub(crate) fn cause(&self) -> Option<&CancelCause> {
+        self.cause.get()
+    }
+
+    /// Whether the calling task is this run (or one of its tools).
+    fn is_current(&self) -> bool {
+        CURRENT_RUN
+            .try_with(|id| **id == *self.run_id)
+            .unwrap_or(false)
+    }
+
+    /// Waits until the slot is released, at most `bound`; `true` if it was.
+    /// A run waiting on itself returns `false` at once instead of deadlocking.
+    pub(crate) async fn wait_released(&self, bound: Duration) -> bool {
+        if self.is_current() {
+            return self.released.is_cancelled();
+        }
+        tokio::time::timeout(bound, self.released.cancelled())
+            .await
+            .is_ok()
+    }
+}
+
+/// The runs that currently hold a thread, by thread and by run id.
+#[derive(Debug, Default)]
+pub(crate) struct ActiveRunRegistry {
+    threads: DashMap<String, Arc<RunControl>>,
+    runs: DashMap<Arc<str>, Arc<RunControl>>,
+}
+
+/// Error of [`ActiveRunRegistry::acquire`]: the thread is taken.
+#[derive(Debug)]
+pub(crate) struct ThreadBusy;
+
+impl ActiveRunRegistry {
+    /// Takes the slot of `control.thread_id`, or fails if a run holds it.
+    pub(crate) fn acquire(
+        self: &Arc<Self>,
+        control: Arc<RunControl>,
+    ) -> Result<SlotGuard, ThreadBusy> {
+        match self.threads.entry(control.thread_id.clone()) {
+            Entry::Occupied(_) => return Err(ThreadBusy),
+            Entry::Vacant(v) => {
+                v.insert(control.clone());
+            }
+        }
+        self.runs.insert(control.run_id.clone(), control.clone());
+        Ok(SlotGuard {
+            registry: self.clone(),
+            control,
+        })
+    }
+
+    /// The run holding `thread_id`, if any.
+    pub(crate) fn by_thread(&self, thread_id: &str) -> Option<Arc<RunControl>> {
+        self.threads.get(thread_id).map(|c| c.value().clone())
+    }
+
+    /// The active run with this id, if any.
+    pub(crate) fn by_run(&self, run_id: &str) -> Option<Arc<RunControl>> {
+        self.runs.get(run_id).map(|c| c.value().clone())
+    }
+
+    /// Every active run.
+    pub(crate) fn all(&self) -> Vec<Arc<RunControl>> {
+        self.threads.iter().map(|e| e.value().clone()).collect()
+    }
+
+    pub(crate) fn is_active(&self, thread_id: &str) -> bool {
+        self.threads.contains_key(thread_id)
+    }
+}
+
+/// Ownership of one thread's slot; dropping it releases the slot and opens
+/// the run's `released` latch.
+#[derive(Debug)]
+pub(crate) struct SlotGuard {
+    registry: Arc<ActiveRunRegistry>,
+    control: Arc<RunControl>,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let c = &self.control;
+        self.registry
+            .threads
+            .remove_if(&c.thread_id, |_, held| Arc::ptr_eq(held, c));
+        self.registry.runs.remove(&c.run_id);
+        // Open the latch last: a waiter that wakes finds the slot free.
+        c.released.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn control(run: &str, thread: &str) -> Arc<RunControl> {
+        Arc::new(RunControl::new(run.into(), thread.into(), CancellationToken::new()))
+    }
+
+    #[test]
+    fn a_thread_has_at_most_one_slot_and_dropping_the_guard_frees_it() {
+        let reg = Arc::new(ActiveRunRegistry::default());
+        let guard = reg.acquire(control("r1", "t")).unwrap();
+        assert!(reg.acquire(control("r2", "t")).is_err());
+        assert!(reg.acquire(control("r3", "other")).is_ok());
+        assert!(reg.by_run("r1").is_some());
+        drop(guard);
+        assert!(!reg.is_active("t"));
+        assert!(reg.by_run("r1").is_none());
+        assert!(reg.acquire(control("r4", "t")).is_ok());
+    }
+
+    #[test]
+    fn the_first_cancel_cause_is_kept() {
+        let c = control("r", "t");
+        c.cancel(CancelCause::Shutdown);
+        c.cancel(CancelCause::Requested);
+        assert_eq!(c.cause(), Some(&CancelCause::Shutdown));
+        assert!(c.token.is_cancelled());
+    }
+}

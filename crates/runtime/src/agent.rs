@@ -1,0 +1,70 @@
+//! An agent as assembled by the builder: its spec resolved against the
+//! registered model, provider, tools and plugins, ready to run.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rein_runtime_contract::inference::LlmExecutor;
+use rein_runtime_contract::lifecycle::StopConditionSpec;
+use rein_runtime_contract::phase::Phase;
+use rein_runtime_contract::spec::{AgentSpec, ModelSpec};
+use rein_runtime_contract::tool::{Tool, ToolDescriptor};
+
+use crate::plugin::HookEntry;
+use crate::policies::{MaxRoundsPolicy, StopPolicy, policies_from_specs};
+use crate::state::KeyRegistration;
+
+/// Everything one run of an agent needs, shared by all its runs.
+pub(crate) struct Agent {
+    pub(crate) spec: AgentSpec,
+    pub(crate) model: ModelSpec,
+    pub(crate) executor: Arc<dyn LlmExecutor>,
+    pub(crate) tools: HashMap<String, Arc<dyn Tool>>,
+    pub(crate) descriptors: Vec<ToolDescriptor>,
+    /// Hooks by phase index, in dispatch order.
+    pub(crate) hooks: [Vec<HookEntry>; 8],
+    pub(crate) keys: Vec<KeyRegistration>,
+    /// The built-in guard: `spec.stop_conditions` in list order, then `max_rounds`.
+    pub(crate) guard: Vec<Arc<dyn StopPolicy>>,
+    /// The shortest `timeout` stop condition, as a deadline for work in flight.
+    pub(crate) deadline: Option<Duration>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("spec", &self.spec)
+            .field("model", &self.model)
+            .field("tools", &self.descriptors.iter().map(|d| &d.name).collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Agent {
+    pub(crate) fn hooks(&self, phase: Phase) -> &[HookEntry] {
+        &self.hooks[phase.index()]
+    }
+
+    /// The built-in guard's policies for `spec`.
+    pub(crate) fn guard_policies(spec: &AgentSpec) -> Vec<Arc<dyn StopPolicy>> {
+        let mut guard = policies_from_specs(&spec.stop_conditions);
+        if spec.max_rounds > 0 {
+            guard.push(Arc::new(MaxRoundsPolicy::new(spec.max_rounds)));
+        }
+        guard
+    }
+
+    /// The deadline of the shortest non-zero `timeout` condition in `spec`.
+    pub(crate) fn deadline_of(spec: &AgentSpec) -> Option<Duration> {
+        spec.stop_conditions
+            .iter()
+            .filter_map(|s| match s {
+                StopConditionSpec::Timeout { seconds } if *seconds > 0 => {
+                    Some(Duration::from_secs(*seconds))
+                }
+                _ => None,
+            })
+            .min()
+    }
+}

@@ -1,0 +1,748 @@
+//! One run: rounds of inference and tool calls until the model answers
+//! without tools or something ends the run.
+//!
+//! ```text
+//! RunStart hooks
+//! loop:
+//!   cancelled?                          -> Cancelled
+//!   StepStart, BeforeInference hooks; pending nudges join the history
+//!   inference: open + stream, each await raced against cancel and deadline
+//!   stats updated once; AfterInference hooks; built-in guard
+//!   assistant message appended (also when the run stops here)
+//!   stop requested?                     -> that reason
+//!   no tool calls                       -> StepEnd hooks; NaturalEnd (unless another round was requested)
+//!   per call: BeforeToolExecute hook, spawn; wait for all; AfterToolExecute hooks in call order
+//!   StepEnd hooks; the round is persisted
+//! finish: repair unanswered calls; RunEnd hooks; persist; RunFinished
+//! ```
+//!
+//! **Invariant 1:** `finish` is the only place that emits `RunFinished`, and
+//! every path out of [`execute`] goes through it exactly once.
+//!
+//! **Invariant 3:** `finish` repairs the history before anything is
+//! persisted for the last time, so the stored history is valid.
+//!
+//! This module does not own the thread's slot; the caller's `SlotGuard`
+//! releases it after [`execute`] returns.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use rein_runtime_contract::event::{AgentEvent, CancelCause, EventSink};
+use rein_runtime_contract::inference::{
+    InferenceDelta, InferenceError, InferenceErrorKind, InferenceRequest, InferenceResponse,
+    ToolChoice,
+};
+use rein_runtime_contract::lifecycle::TerminationReason;
+use rein_runtime_contract::message::{Message, TokenUsage, ToolCall, ToolResult};
+use rein_runtime_contract::phase::Phase;
+use rein_runtime_contract::tool::{Tool, ToolContext};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::active_runs::{CURRENT_RUN, RunControl};
+use crate::agent::Agent;
+use crate::history;
+use crate::phase::{Directives, HookFailure, PhaseContext, RunIdentity, dispatch, panic_message};
+use crate::policies::{InferenceRecord, StopStatsKey, first_stop, record_inference};
+use crate::run::AgentRunResult;
+use crate::state::RunState;
+use crate::thread_store::{ThreadStore, ThreadStoreError};
+
+/// The longest wait a provider's `retry_after` can impose.
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// Exponential backoff between retried inferences.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RetryBackoff {
+    pub(crate) base: Duration,
+    pub(crate) cap: Duration,
+}
+
+impl Default for RetryBackoff {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(500),
+            cap: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RetryBackoff {
+    /// The wait before retrying after the `attempt`-th failure in a row
+    /// (from 1): the provider's `retry_after` (at most 60 s) when given,
+    /// else `base × 2^(attempt-1)`, at most `cap`.
+    pub(crate) fn delay(&self, attempt: u32, error: &InferenceError) -> Duration {
+        if let Some(after) = error.retry_after() {
+            return after.min(MAX_RETRY_AFTER);
+        }
+        let factor = 1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
+        self.base.saturating_mul(factor).min(self.cap)
+    }
+}
+
+/// Everything a run needs to start.
+pub(crate) struct RunSetup {
+    pub(crate) agent: Arc<Agent>,
+    pub(crate) control: Arc<RunControl>,
+    pub(crate) input: Vec<Message>,
+    pub(crate) sink: Arc<dyn EventSink>,
+    pub(crate) store: Arc<dyn ThreadStore>,
+    pub(crate) backoff: RetryBackoff,
+    pub(crate) tool_choice: Option<ToolChoice>,
+}
+
+/// Runs one run to its end and reports it. Never panics on misbehaving
+/// tools, hooks or executors; always emits exactly one `RunFinished`.
+pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
+    let RunSetup {
+        agent,
+        control,
+        input,
+        sink,
+        store,
+        backoff,
+        tool_choice,
+    } = setup;
+    let mut request = InferenceRequest::new(agent.model.upstream_model.clone(), Vec::new());
+    if !agent.spec.system_prompt.is_empty() {
+        request.system = Some(agent.spec.system_prompt.clone());
+    }
+    request.tools = agent.descriptors.clone();
+    request.tool_choice = tool_choice.unwrap_or_else(|| agent.spec.tool_choice.clone());
+    request.temperature = agent.model.temperature;
+    request.max_output_tokens = agent.model.max_output_tokens;
+    let mut state = RunState::new(&agent.keys);
+    state.ensure::<StopStatsKey>();
+    let started = Instant::now();
+    let mut run = Run {
+        id: RunIdentity {
+            thread_id: control.thread_id.clone(),
+            run_id: control.run_id.to_string(),
+            agent_id: agent.spec.id.clone(),
+        },
+        deadline: agent.deadline.map(|d| started + d),
+        agent,
+        control,
+        sink,
+        store,
+        backoff,
+        request,
+        persisted: 0,
+        state,
+        directives: Directives::default(),
+        started,
+        steps: 0,
+        usage: TokenUsage::default(),
+        usage_complete: true,
+        response: String::new(),
+    };
+    run.emit(AgentEvent::RunStarted {
+        run_id: run.id.run_id.clone(),
+        thread_id: run.id.thread_id.clone(),
+        agent_id: run.id.agent_id.clone(),
+    });
+    let reason = match run.start(input).await {
+        Ok(()) => run.rounds().await,
+        Err(reason) => reason,
+    };
+    run.finish(reason).await
+}
+
+/// How one inference attempt ended.
+enum Inference {
+    Done(InferenceResponse),
+    Failed(InferenceError),
+    /// Cancelled (or past the deadline) mid-inference; the text streamed so far.
+    Interrupted(InferenceResponse),
+}
+
+/// What a hook dispatch focuses on besides the run.
+#[derive(Default, Clone, Copy)]
+struct Focus<'a> {
+    inference: Option<&'a InferenceResponse>,
+    error: Option<&'a InferenceError>,
+    tool_call: Option<&'a ToolCall>,
+    tool_result: Option<&'a ToolResult>,
+}
+
+struct Run {
+    agent: Arc<Agent>,
+    control: Arc<RunControl>,
+    id: RunIdentity,
+    sink: Arc<dyn EventSink>,
+    store: Arc<dyn ThreadStore>,
+    backoff: RetryBackoff,
+    /// The next inference's request; `request.messages` is the history.
+    request: InferenceRequest,
+    /// How much of the history the store already has.
+    persisted: usize,
+    state: RunState,
+    directives: Directives,
+    started: Instant,
+    deadline: Option<Instant>,
+    steps: u32,
+    usage: TokenUsage,
+    usage_complete: bool,
+    response: String,
+}
+
+/// Resolves when the run is cancelled, or cancels it (cause `Deadline`)
+/// when the deadline passes first.
+async fn interrupted(control: &RunControl, deadline: Option<Instant>) {
+    match deadline {
+        None => control.token.cancelled().await,
+        Some(at) => tokio::select! {
+            biased;
+            _ = control.token.cancelled() => {}
+            _ = tokio::time::sleep_until(at) => control.cancel(CancelCause::Deadline),
+        },
+    }
+}
+
+fn store_failed(e: ThreadStoreError) -> TerminationReason {
+    TerminationReason::Error(e.to_string())
+}
+
+impl Run {
+    fn emit(&self, event: AgentEvent) {
+        self.sink.emit(event);
+    }
+
+    fn history_mut(&mut self) -> &mut Vec<Message> {
+        Arc::make_mut(&mut self.request.messages)
+    }
+
+    /// Loads the thread, repairs what it finds, and records the input.
+    async fn start(&mut self, input: Vec<Message>) -> Result<(), TerminationReason> {
+        let thread = self.id.thread_id.clone();
+        let mut history = self.store.load(&thread).await.map_err(store_failed)?;
+        if history::repair(
+            &mut history,
+            0,
+            "not run: the run that requested this call ended without a result",
+        ) > 0
+        {
+            self.store
+                .replace(&thread, &history)
+                .await
+                .map_err(store_failed)?;
+        }
+        self.persisted = history.len();
+        history.extend(input);
+        let from = self.persisted;
+        history::repair(&mut history, from, "not run: this call had no result in the input");
+        self.request.messages = Arc::new(history);
+        self.persist().await
+    }
+
+    /// Appends the part of the history the store does not have yet.
+    async fn persist(&mut self) -> Result<(), TerminationReason> {
+        let new = &self.request.messages[self.persisted..];
+        if !new.is_empty() {
+            self.store
+                .append(&self.id.thread_id, new)
+                .await
+                .map_err(store_failed)?;
+            self.persisted = self.request.messages.len();
+        }
+        Ok(())
+    }
+
+    async fn hooks(&mut self, phase: Phase, focus: Focus<'_>) -> Result<(), TerminationReason> {
+        let agent = self.agent.clone();
+        let hooks = agent.hooks(phase);
+        if hooks.is_empty() {
+            return Ok(());
+        }
+        let mut ctx = PhaseContext {
+            phase,
+            run: &self.id,
+            step: self.steps,
+            state: &mut self.state,
+            messages: &self.request.messages,
+            inference: focus.inference,
+            inference_error: focus.error,
+            tool_call: focus.tool_call,
+            tool_result: focus.tool_result,
+            directives: &mut self.directives,
+        };
+        dispatch(hooks, &mut ctx).await.map_err(HookFailure::into_reason)
+    }
+
+    fn termination(&mut self) -> Option<TerminationReason> {
+        self.directives.termination.take()
+    }
+
+    /// The reason a cancelled run ends with.
+    fn cancelled_reason(&self) -> TerminationReason {
+        match (self.control.cause(), self.agent.deadline) {
+            (Some(CancelCause::Deadline), Some(limit)) => TerminationReason::stopped(
+                "timeout",
+                format!(
+                    "the {} s timeout passed while work was in flight",
+                    limit.as_secs()
+                ),
+            ),
+            _ => TerminationReason::Cancelled,
+        }
+    }
+
+    /// The rounds of the run; returns why it ends.
+    async fn rounds(&mut self) -> TerminationReason {
+        if let Err(reason) = self.hooks(Phase::RunStart, Focus::default()).await {
+            return reason;
+        }
+        loop {
+            if let Some(reason) = self.termination() {
+                return reason;
+            }
+            if self.control.token.is_cancelled() {
+                return self.cancelled_reason();
+            }
+            self.steps += 1;
+            self.emit(AgentEvent::StepStarted {
+                run_id: self.id.run_id.clone(),
+                thread_id: self.id.thread_id.clone(),
+                step: self.steps,
+            });
+            for phase in [Phase::StepStart, Phase::BeforeInference] {
+                if let Err(reason) = self.hooks(phase, Focus::default()).await {
+                    return reason;
+                }
+            }
+            if let Some(reason) = self.termination() {
+                return reason;
+            }
+            self.add_nudges();
+            match self.infer().await {
+                Inference::Interrupted(partial) => {
+                    if !partial.text.is_empty() {
+                        self.response = partial.text.clone();
+                        let mut message = Message::assistant(partial.text);
+                        message.interrupted = true;
+                        self.history_mut().push(message);
+                    }
+                    return self.cancelled_reason();
+                }
+                Inference::Failed(error) => {
+                    if let Some(reason) = self.after_failed_inference(error).await {
+                        return reason;
+                    }
+                }
+                Inference::Done(response) => {
+                    if let Some(reason) = self.after_inference(response).await {
+                        return reason;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves nudges requested by hooks into the history.
+    fn add_nudges(&mut self) {
+        if self.directives.user_messages.is_empty() {
+            return;
+        }
+        for text in std::mem::take(&mut self.directives.user_messages) {
+            self.emit(AgentEvent::Nudge {
+                run_id: self.id.run_id.clone(),
+                thread_id: self.id.thread_id.clone(),
+                text: text.clone(),
+            });
+            self.history_mut().push(Message::user(text));
+        }
+    }
+
+    fn record(&mut self, record: InferenceRecord<'_>) {
+        let elapsed = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if let Ok(stats) = self.state.get_mut::<StopStatsKey>() {
+            record_inference(stats, record, elapsed);
+        }
+    }
+
+    /// Evaluates the built-in guard unless a stop is already requested.
+    fn apply_guard(&mut self, failed: Option<&InferenceError>) {
+        if self.directives.termination.is_some() {
+            return;
+        }
+        let Ok(stats) = self.state.get::<StopStatsKey>() else {
+            return;
+        };
+        if let Some(mut reason) = first_stop(&self.agent.guard, stats) {
+            if let (Some(error), "max_rounds") = (failed, reason.code.as_str()) {
+                reason.detail = format!("{}; the last round failed: {error}", reason.detail);
+            }
+            self.directives.termination = Some(TerminationReason::Stopped(reason));
+        }
+    }
+
+    /// Streams one inference, racing every await against cancellation and
+    /// the deadline.
+    async fn infer(&mut self) -> Inference {
+        let executor = self.agent.executor.clone();
+        let mut partial = InferenceResponse::default();
+        let outcome = {
+            let request = &self.request;
+            let sink = &self.sink;
+            let id = &self.id;
+            let partial = &mut partial;
+            let work = AssertUnwindSafe(async move {
+                let mut stream = executor.open(request).await?;
+                while let Some(delta) = stream.next().await {
+                    let delta = delta?;
+                    if let InferenceDelta::Text { text } = &delta {
+                        if text.is_empty() {
+                            continue;
+                        }
+                        sink.emit(AgentEvent::TextDelta {
+                            run_id: id.run_id.clone(),
+                            thread_id: id.thread_id.clone(),
+                            delta: text.clone(),
+                        });
+                    }
+                    partial.apply(delta);
+                }
+                Ok::<(), InferenceError>(())
+            })
+            .catch_unwind();
+            tokio::select! {
+                biased;
+                _ = interrupted(&self.control, self.deadline) => None,
+                outcome = work => Some(outcome),
+            }
+        };
+        match outcome {
+            None => Inference::Interrupted(partial),
+            Some(Ok(Ok(()))) => Inference::Done(partial),
+            Some(Ok(Err(error))) => Inference::Failed(error),
+            Some(Err(payload)) => Inference::Failed(InferenceError::new(
+                InferenceErrorKind::Other,
+                format!("executor panicked: {}", panic_message(payload.as_ref())),
+            )),
+        }
+    }
+
+    /// Handles a failed attempt: hooks and guard see it; retryable errors
+    /// wait out the backoff. Returns the reason if the run ends here.
+    async fn after_failed_inference(&mut self, error: InferenceError) -> Option<TerminationReason> {
+        self.record(InferenceRecord::Failed);
+        let focus = Focus {
+            error: Some(&error),
+            ..Focus::default()
+        };
+        if let Err(reason) = self.hooks(Phase::AfterInference, focus).await {
+            return Some(reason);
+        }
+        self.apply_guard(Some(&error));
+        if let Some(reason) = self.termination() {
+            return Some(reason);
+        }
+        if !error.is_retryable() {
+            return Some(TerminationReason::Error(format!("inference failed: {error}")));
+        }
+        let attempt = self
+            .state
+            .get::<StopStatsKey>()
+            .map(|s| s.consecutive_errors)
+            .unwrap_or(1);
+        let delay = self.backoff.delay(attempt, &error);
+        self.emit(AgentEvent::InferenceRetry {
+            run_id: self.id.run_id.clone(),
+            thread_id: self.id.thread_id.clone(),
+            attempt,
+            error: error.to_string(),
+            delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+        });
+        tracing::debug!(attempt, ?delay, %error, "retrying inference");
+        tokio::select! {
+            biased;
+            _ = interrupted(&self.control, self.deadline) => Some(self.cancelled_reason()),
+            _ = tokio::time::sleep(delay) => None,
+        }
+    }
+
+    /// Handles a successful inference. Returns the reason if the run ends.
+    async fn after_inference(&mut self, response: InferenceResponse) -> Option<TerminationReason> {
+        match response.usage {
+            Some(usage) => self.usage.add(usage),
+            None => self.usage_complete = false,
+        }
+        self.record(InferenceRecord::Succeeded(&response));
+        // A per-request tool choice applies until the first successful inference.
+        if self.request.tool_choice != self.agent.spec.tool_choice {
+            self.request.tool_choice = self.agent.spec.tool_choice.clone();
+        }
+        let focus = Focus {
+            inference: Some(&response),
+            ..Focus::default()
+        };
+        let hooks = self.hooks(Phase::AfterInference, focus).await;
+        self.apply_guard(None);
+        let InferenceResponse {
+            text, tool_calls, ..
+        } = response;
+        self.response.clone_from(&text);
+        let calls = if tool_calls.is_empty() {
+            self.history_mut().push(Message::assistant(text));
+            Vec::new()
+        } else {
+            self.history_mut()
+                .push(Message::assistant_with_tools(text, tool_calls.clone()));
+            tool_calls
+        };
+        if let Err(reason) = hooks {
+            return Some(reason);
+        }
+        if let Some(reason) = self.termination() {
+            return Some(reason);
+        }
+        if !calls.is_empty() {
+            if let Err(reason) = self.run_tools(&calls).await {
+                return Some(reason);
+            }
+        }
+        if let Err(reason) = self.hooks(Phase::StepEnd, Focus::default()).await {
+            return Some(reason);
+        }
+        if let Err(reason) = self.persist().await {
+            return Some(reason);
+        }
+        if calls.is_empty() && !std::mem::take(&mut self.directives.another_round) {
+            return Some(
+                self.termination()
+                    .unwrap_or(TerminationReason::NaturalEnd),
+            );
+        }
+        None
+    }
+
+    fn spawn_tool(&self, tool: Arc<dyn Tool>, call: &ToolCall) -> JoinHandle<ToolResult> {
+        let ctx = ToolContext::new(
+            self.id.thread_id.clone(),
+            self.id.run_id.clone(),
+            call.id.clone(),
+            self.control.token.child_token(),
+        );
+        let args = call.arguments.clone();
+        let (call_id, name) = (call.id.clone(), call.name.clone());
+        tokio::spawn(CURRENT_RUN.scope(self.control.run_id.clone(), async move {
+            let outcome = AssertUnwindSafe(tool.execute(args, &ctx)).catch_unwind().await;
+            let (content, is_error) = match outcome {
+                Ok(Ok(output)) => (output.to_content(), false),
+                Ok(Err(error)) => (format!("error: {error}"), true),
+                Err(payload) => (
+                    format!(
+                        "error: tool \"{name}\" panicked: {}",
+                        panic_message(payload.as_ref())
+                    ),
+                    true,
+                ),
+            };
+            ToolResult {
+                call_id,
+                name,
+                content,
+                is_error,
+            }
+        }))
+    }
+
+    fn unknown_tool(&self, call: &ToolCall) -> ToolResult {
+        let mut names: Vec<&str> = self.agent.tools.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            content: format!(
+                "error: unknown tool \"{}\"; available tools: {}",
+                call.name,
+                if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+            ),
+            is_error: true,
+        }
+    }
+
+    /// Runs one response's tool calls concurrently and records their results
+    /// in call order. Returns the reason if the run must end now.
+    ///
+    /// **Invariant:** every spawned tool future has completed or been
+    /// dropped (aborted and awaited) before this returns.
+    async fn run_tools(&mut self, calls: &[ToolCall]) -> Result<(), TerminationReason> {
+        let mut results: Vec<Option<ToolResult>> = vec![None; calls.len()];
+        let mut pending: Vec<(usize, JoinHandle<ToolResult>)> = Vec::with_capacity(calls.len());
+        let mut ending: Option<TerminationReason> = None;
+        for (i, call) in calls.iter().enumerate() {
+            let focus = Focus {
+                tool_call: Some(call),
+                ..Focus::default()
+            };
+            if let Err(reason) = self.hooks(Phase::BeforeToolExecute, focus).await {
+                ending = Some(reason);
+                break;
+            }
+            if self.directives.termination.is_some() || self.control.token.is_cancelled() {
+                break;
+            }
+            self.emit(AgentEvent::ToolCallStarted {
+                run_id: self.id.run_id.clone(),
+                thread_id: self.id.thread_id.clone(),
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            });
+            match self.agent.tools.get(&call.name) {
+                Some(tool) => pending.push((i, self.spawn_tool(tool.clone(), call))),
+                None => results[i] = Some(self.unknown_tool(call)),
+            }
+        }
+
+        let joined = if pending.is_empty() || ending.is_some() {
+            None
+        } else {
+            let all = futures::future::join_all(pending.iter_mut().map(|(_, h)| h));
+            tokio::select! {
+                biased;
+                _ = interrupted(&self.control, self.deadline) => None,
+                outs = all => Some(outs),
+            }
+        };
+        let interrupted = joined.is_none() && !pending.is_empty();
+        match joined {
+            Some(outs) => {
+                for ((i, _), out) in pending.iter().zip(outs) {
+                    results[*i] = Some(out.unwrap_or_else(|_| cancelled_result(&calls[*i])));
+                }
+            }
+            None => {
+                for (_, handle) in &pending {
+                    handle.abort();
+                }
+                for (i, handle) in pending {
+                    // Awaiting an aborted task returns once its future is dropped.
+                    results[i] = Some(handle.await.unwrap_or_else(|_| cancelled_result(&calls[i])));
+                }
+            }
+        }
+
+        let run_after_hooks = !interrupted && ending.is_none();
+        for (call, result) in calls.iter().zip(results) {
+            let Some(result) = result else { continue };
+            if run_after_hooks && ending.is_none() {
+                let focus = Focus {
+                    tool_call: Some(call),
+                    tool_result: Some(&result),
+                    ..Focus::default()
+                };
+                if let Err(reason) = self.hooks(Phase::AfterToolExecute, focus).await {
+                    ending = Some(reason);
+                }
+            }
+            self.emit(AgentEvent::ToolCallFinished {
+                run_id: self.id.run_id.clone(),
+                thread_id: self.id.thread_id.clone(),
+                call_id: result.call_id.clone(),
+                name: result.name.clone(),
+                result: result.content.clone(),
+                is_error: result.is_error,
+            });
+            self.history_mut().push(result.to_message());
+        }
+        if interrupted {
+            return Err(self.cancelled_reason());
+        }
+        ending.map_or(Ok(()), Err)
+    }
+
+    /// Ends the run: repairs the history, runs `RunEnd` hooks, persists,
+    /// and emits `RunFinished`.
+    async fn finish(mut self, mut reason: TerminationReason) -> AgentRunResult {
+        // Nudges requested in the last round have no inference to join.
+        self.directives.user_messages.clear();
+        let note = not_run_note(&reason, self.control.cause());
+        let from = self.persisted;
+        history::repair(self.history_mut(), from, &note);
+        if let Err(failure) = self.hooks(Phase::RunEnd, Focus::default()).await {
+            reason = failure;
+        }
+        if let Err(failure) = self.persist().await {
+            reason = failure;
+        }
+        let cancel_cause = match (&reason, self.control.cause()) {
+            (TerminationReason::Cancelled, cause) => {
+                Some(cause.cloned().unwrap_or(CancelCause::Requested))
+            }
+            (TerminationReason::Stopped(r), Some(CancelCause::Deadline)) if r.code == "timeout" => {
+                Some(CancelCause::Deadline)
+            }
+            _ => None,
+        };
+        tracing::debug!(%reason, steps = self.steps, "run finished");
+        self.emit(AgentEvent::RunFinished {
+            run_id: self.id.run_id.clone(),
+            thread_id: self.id.thread_id.clone(),
+            termination: reason.clone(),
+            response: self.response.clone(),
+            cancel_cause: cancel_cause.clone(),
+            steps: self.steps,
+            usage: self.usage,
+        });
+        AgentRunResult {
+            run_id: self.id.run_id,
+            thread_id: self.id.thread_id,
+            termination: reason,
+            response: self.response,
+            steps: self.steps,
+            usage: self.usage,
+            usage_complete: self.usage_complete,
+            cancel_cause,
+        }
+    }
+}
+
+fn cancelled_result(call: &ToolCall) -> ToolResult {
+    ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content: "cancelled: the run was cancelled before this call finished".to_owned(),
+        is_error: true,
+    }
+}
+
+/// The text of the result given to a call that never ran.
+fn not_run_note(reason: &TerminationReason, cause: Option<&CancelCause>) -> String {
+    match (reason, cause) {
+        (TerminationReason::Cancelled, Some(CancelCause::Interrupted { .. })) => {
+            "not run: the run was interrupted by new input".to_owned()
+        }
+        (TerminationReason::Cancelled, _) => "not run: the run was cancelled".to_owned(),
+        (TerminationReason::Stopped(r), _) => format!("not run: the run was stopped ({})", r.code),
+        (TerminationReason::Error(_), _) => "not run: the run ended with an error".to_owned(),
+        (TerminationReason::NaturalEnd, _) => "not run: the run ended".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_base_up_to_the_cap() {
+        let b = RetryBackoff::default();
+        let e = InferenceError::server("x");
+        let delays: Vec<_> = (1..=8).map(|a| b.delay(a, &e).as_millis()).collect();
+        assert_eq!(delays, [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]);
+        assert_eq!(b.delay(200, &e), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn retry_after_is_honoured_up_to_sixty_seconds() {
+        let b = RetryBackoff::default();
+        let soon = InferenceError::rate_limited("x", Some(Duration::from_secs(3)));
+        let late = InferenceError::rate_limited("x", Some(Duration::from_secs(600)));
+        assert_eq!(b.delay(1, &soon), Duration::from_secs(3));
+        assert_eq!(b.delay(1, &late), MAX_RETRY_AFTER);
+    }
+}

@@ -1,0 +1,393 @@
+//! Assembling a runtime: agents, models, providers, tools and plugins,
+//! checked once at [`AgentRuntimeBuilder::build`].
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rein_runtime_contract::event::{EventSink, NullSink};
+use rein_runtime_contract::inference::LlmExecutor;
+use rein_runtime_contract::spec::{AgentSpec, ModelSpec};
+use rein_runtime_contract::state::StateError;
+use rein_runtime_contract::tool::Tool;
+
+use crate::agent::Agent;
+use crate::agent_loop::RetryBackoff;
+use crate::plugin::{Plugin, PluginRegistrar};
+use crate::runtime::{AgentRuntime, RuntimeConfig};
+use crate::thread_store::{InMemoryThreadStore, ThreadStore};
+
+/// The default bound of `cancel_and_wait_by_thread` and of a mailbox
+/// interrupt.
+pub const DEFAULT_CANCEL_WAIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why [`AgentRuntimeBuilder::build`] failed. Every variant names the
+/// offending id and, where useful, the ids that would have been accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// Two agent specs share an id.
+    #[error("agent id \"{agent_id}\" is registered twice; agent ids must be unique")]
+    DuplicateAgent {
+        /// The id.
+        agent_id: String,
+    },
+    /// Two model specs share an id.
+    #[error("model id \"{model_id}\" is registered twice; model ids must be unique")]
+    DuplicateModel {
+        /// The id.
+        model_id: String,
+    },
+    /// Two providers share an id.
+    #[error("provider id \"{provider_id}\" is registered twice; provider ids must be unique")]
+    DuplicateProvider {
+        /// The id.
+        provider_id: String,
+    },
+    /// Two plugins share an id.
+    #[error("plugin id \"{plugin_id}\" is registered twice; plugin ids must be unique")]
+    DuplicatePlugin {
+        /// The id.
+        plugin_id: String,
+    },
+    /// An agent lists the same plugin twice.
+    #[error("agent \"{agent_id}\" lists plugin id \"{plugin_id}\" twice in plugin_ids")]
+    PluginListedTwice {
+        /// The agent.
+        agent_id: String,
+        /// The plugin.
+        plugin_id: String,
+    },
+    /// An agent lists a plugin id nobody registered.
+    #[error("unknown plugin id \"{plugin_id}\" in agent \"{agent_id}\"; registered ids: {registered}")]
+    UnknownPlugin {
+        /// The agent.
+        agent_id: String,
+        /// The unknown id.
+        plugin_id: String,
+        /// The registered ids, comma-separated (or `none`).
+        registered: String,
+    },
+    /// A plugin's registration failed for an agent, e.g. a state key that
+    /// another listed plugin already owns.
+    #[error("plugin \"{plugin_id}\" could not be registered for agent \"{agent_id}\": {source}")]
+    PluginState {
+        /// The agent.
+        agent_id: String,
+        /// The plugin.
+        plugin_id: String,
+        /// The state error, naming the key.
+        #[source]
+        source: StateError,
+    },
+    /// An agent has an empty `model_id`.
+    #[error("agent \"{agent_id}\" has no model_id; set one of the registered model ids: {known}")]
+    MissingModel {
+        /// The agent.
+        agent_id: String,
+        /// The registered model ids (or `none`).
+        known: String,
+    },
+    /// An agent names a model nobody registered.
+    #[error("unknown model id \"{model_id}\" in agent \"{agent_id}\"; registered model ids: {known}")]
+    UnknownModel {
+        /// The agent.
+        agent_id: String,
+        /// The unknown id.
+        model_id: String,
+        /// The registered model ids (or `none`).
+        known: String,
+    },
+    /// A model names a provider nobody registered.
+    #[error("unknown provider id \"{provider_id}\" in model \"{model_id}\"; registered provider ids: {known}")]
+    UnknownProvider {
+        /// The model.
+        model_id: String,
+        /// The unknown provider id.
+        provider_id: String,
+        /// The registered provider ids (or `none`).
+        known: String,
+    },
+    /// A tool was registered under a name its descriptor does not carry.
+    #[error("tool registered as \"{name}\" describes itself as \"{descriptor_name}\"; register it under its descriptor's name")]
+    ToolNameMismatch {
+        /// The registration name.
+        name: String,
+        /// The descriptor's name.
+        descriptor_name: String,
+    },
+    /// One tool name is provided by two sources.
+    #[error("tool \"{name}\" is provided by both {first} and {second}; tool names must be unique per agent")]
+    DuplicateTool {
+        /// The tool name.
+        name: String,
+        /// The first source (`with_tool` or `plugin "<id>"`).
+        first: String,
+        /// The second source.
+        second: String,
+    },
+}
+
+fn list<'a>(ids: impl IntoIterator<Item = &'a str>) -> String {
+    let mut ids: Vec<&str> = ids.into_iter().collect();
+    ids.sort_unstable();
+    if ids.is_empty() {
+        "none".to_owned()
+    } else {
+        ids.join(", ")
+    }
+}
+
+/// Builds an [`AgentRuntime`]. Registration methods never fail; every check
+/// happens in [`build`](Self::build).
+pub struct AgentRuntimeBuilder {
+    agents: Vec<AgentSpec>,
+    tools: Vec<(String, Arc<dyn Tool>)>,
+    plugins: Vec<(String, Arc<dyn Plugin>)>,
+    providers: Vec<(String, Arc<dyn LlmExecutor>)>,
+    models: Vec<ModelSpec>,
+    config: RuntimeConfig,
+}
+
+impl std::fmt::Debug for AgentRuntimeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentRuntimeBuilder")
+            .field("agents", &self.agents.iter().map(|a| &a.id).collect::<Vec<_>>())
+            .field("tools", &self.tools.iter().map(|t| &t.0).collect::<Vec<_>>())
+            .field("plugins", &self.plugins.iter().map(|p| &p.0).collect::<Vec<_>>())
+            .field("providers", &self.providers.iter().map(|p| &p.0).collect::<Vec<_>>())
+            .field("models", &self.models)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for AgentRuntimeBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AgentRuntimeBuilder {
+    /// An empty builder: in-memory thread store, no default event sink,
+    /// 5 s cancel-wait bound, retry backoff from 500 ms doubling to 30 s.
+    pub fn new() -> Self {
+        Self {
+            agents: Vec::new(),
+            tools: Vec::new(),
+            plugins: Vec::new(),
+            providers: Vec::new(),
+            models: Vec::new(),
+            config: RuntimeConfig {
+                store: Arc::new(InMemoryThreadStore::new()),
+                default_sink: Arc::new(NullSink),
+                cancel_wait: DEFAULT_CANCEL_WAIT_TIMEOUT,
+                backoff: RetryBackoff::default(),
+            },
+        }
+    }
+
+    /// Adds an agent.
+    pub fn with_agent_spec(mut self, spec: AgentSpec) -> Self {
+        self.agents.push(spec);
+        self
+    }
+
+    /// Adds a tool every agent can call; `tool.descriptor().name` must be `name`.
+    pub fn with_tool(mut self, name: impl Into<String>, tool: Arc<dyn Tool>) -> Self {
+        self.tools.push((name.into(), tool));
+        self
+    }
+
+    /// Registers a plugin under `id`; agents activate it by listing `id` in
+    /// `plugin_ids`.
+    pub fn with_plugin(mut self, id: impl Into<String>, plugin: Arc<dyn Plugin>) -> Self {
+        self.plugins.push((id.into(), plugin));
+        self
+    }
+
+    /// Registers an executor under a provider id that models refer to.
+    pub fn with_provider(mut self, id: impl Into<String>, executor: Arc<dyn LlmExecutor>) -> Self {
+        self.providers.push((id.into(), executor));
+        self
+    }
+
+    /// Registers a model.
+    pub fn with_model(mut self, model: ModelSpec) -> Self {
+        self.models.push(model);
+        self
+    }
+
+    /// Bounds how long `cancel_and_wait_by_thread` and a mailbox interrupt
+    /// wait for a cancelled run to release its thread (default 5 s).
+    pub fn with_cancel_wait_timeout(mut self, timeout: Duration) -> Self {
+        self.config.cancel_wait = timeout;
+        self
+    }
+
+    /// Replaces the in-memory thread store.
+    pub fn with_thread_store(mut self, store: Arc<dyn ThreadStore>) -> Self {
+        self.config.store = store;
+        self
+    }
+
+    /// The sink for runs whose request names none (default: events are dropped).
+    pub fn with_event_sink(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.config.default_sink = sink;
+        self
+    }
+
+    /// Sets the retry backoff: `base` doubling per failure, at most `cap`
+    /// (defaults 500 ms and 30 s). A provider's `retry_after` overrides it,
+    /// up to 60 s.
+    pub fn with_retry_backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.config.backoff = RetryBackoff { base, cap };
+        self
+    }
+
+    /// Checks everything and assembles the runtime.
+    ///
+    /// # Errors
+    ///
+    /// A [`BuildError`] naming the first problem found: duplicate ids, an
+    /// agent's missing or unknown model, a model's unknown provider, an
+    /// unknown or twice-listed plugin id, a plugin registration that fails
+    /// (e.g. two listed plugins owning one state key), a tool whose
+    /// descriptor name differs from its registration name, or one tool name
+    /// from two sources.
+    pub fn build(self) -> Result<AgentRuntime, BuildError> {
+        let providers = unique(&self.providers, |id| BuildError::DuplicateProvider {
+            provider_id: id.to_owned(),
+        })?;
+        let plugins = unique(&self.plugins, |id| BuildError::DuplicatePlugin {
+            plugin_id: id.to_owned(),
+        })?;
+        let mut models: HashMap<&str, &ModelSpec> = HashMap::new();
+        for m in &self.models {
+            if models.insert(&m.id, m).is_some() {
+                return Err(BuildError::DuplicateModel {
+                    model_id: m.id.clone(),
+                });
+            }
+        }
+        let mut shared_tools: Vec<(String, String, Arc<dyn Tool>)> = Vec::new();
+        for (name, tool) in &self.tools {
+            shared_tools.push(("with_tool".to_owned(), name.clone(), tool.clone()));
+        }
+
+        let mut agents = HashMap::new();
+        for spec in self.agents {
+            if agents.contains_key(&spec.id) {
+                return Err(BuildError::DuplicateAgent { agent_id: spec.id });
+            }
+            let model = resolve_model(&spec, &models)?;
+            let executor = providers
+                .get(model.provider_id.as_str())
+                .cloned()
+                .ok_or_else(|| BuildError::UnknownProvider {
+                    model_id: model.id.clone(),
+                    provider_id: model.provider_id.clone(),
+                    known: list(providers.keys().copied()),
+                })?;
+            let mut registrar = PluginRegistrar::new(&spec.id);
+            let mut listed = HashSet::new();
+            for plugin_id in &spec.plugin_ids {
+                if !listed.insert(plugin_id.as_str()) {
+                    return Err(BuildError::PluginListedTwice {
+                        agent_id: spec.id.clone(),
+                        plugin_id: plugin_id.clone(),
+                    });
+                }
+                let plugin = plugins.get(plugin_id.as_str()).ok_or_else(|| {
+                    BuildError::UnknownPlugin {
+                        agent_id: spec.id.clone(),
+                        plugin_id: plugin_id.clone(),
+                        registered: list(plugins.keys().copied()),
+                    }
+                })?;
+                registrar.set_plugin(plugin_id);
+                plugin
+                    .register(&mut registrar)
+                    .map_err(|source| BuildError::PluginState {
+                        agent_id: spec.id.clone(),
+                        plugin_id: plugin_id.clone(),
+                        source,
+                    })?;
+            }
+            let mut tools: HashMap<String, Arc<dyn Tool>> = HashMap::new();
+            let mut sources: HashMap<String, String> = HashMap::new();
+            let mut descriptors = Vec::new();
+            let plugin_tools = registrar.tools.drain(..).map(|(plugin, name, tool)| {
+                (format!("plugin \"{plugin}\""), name, tool)
+            });
+            for (source, name, tool) in shared_tools.iter().cloned().chain(plugin_tools) {
+                let descriptor = tool.descriptor();
+                if descriptor.name != name {
+                    return Err(BuildError::ToolNameMismatch {
+                        name,
+                        descriptor_name: descriptor.name,
+                    });
+                }
+                if let Some(first) = sources.get(&name) {
+                    return Err(BuildError::DuplicateTool {
+                        name,
+                        first: first.clone(),
+                        second: source,
+                    });
+                }
+                sources.insert(name.clone(), source);
+                descriptors.push(descriptor);
+                tools.insert(name, tool);
+            }
+            let mut hooks: [Vec<_>; 8] = Default::default();
+            for (phase, entry) in registrar.hooks.drain(..) {
+                hooks[phase.index()].push(entry);
+            }
+            let agent = Agent {
+                guard: Agent::guard_policies(&spec),
+                deadline: Agent::deadline_of(&spec),
+                model: model.clone(),
+                executor,
+                tools,
+                descriptors,
+                hooks,
+                keys: std::mem::take(&mut registrar.keys),
+                spec,
+            };
+            agents.insert(agent.spec.id.clone(), Arc::new(agent));
+        }
+        Ok(AgentRuntime::new(agents, self.config))
+    }
+}
+
+fn unique<'a, T: Clone>(
+    items: &'a [(String, T)],
+    duplicate: impl Fn(&str) -> BuildError,
+) -> Result<HashMap<&'a str, T>, BuildError> {
+    let mut map = HashMap::new();
+    for (id, item) in items {
+        if map.insert(id.as_str(), item.clone()).is_some() {
+            return Err(duplicate(id));
+        }
+    }
+    Ok(map)
+}
+
+fn resolve_model<'a>(
+    spec: &AgentSpec,
+    models: &HashMap<&str, &'a ModelSpec>,
+) -> Result<&'a ModelSpec, BuildError> {
+    if spec.model_id.is_empty() {
+        return Err(BuildError::MissingModel {
+            agent_id: spec.id.clone(),
+            known: list(models.keys().copied()),
+        });
+    }
+    models
+        .get(spec.model_id.as_str())
+        .copied()
+        .ok_or_else(|| BuildError::UnknownModel {
+            agent_id: spec.id.clone(),
+            model_id: spec.model_id.clone(),
+            known: list(models.keys().copied()),
+        })
+}

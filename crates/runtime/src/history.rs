@@ -1,0 +1,138 @@
+//! Validity of a thread's history: every assistant tool call answered by
+//! exactly one tool result.
+//!
+//! **Invariant:** after any run ends, its thread's history is valid; calls
+//! that did not run (stopped, cancelled, interrupted) are answered by a
+//! result that says so. [`repair`] is the one place that writes such results.
+
+use std::collections::HashSet;
+
+use rein_runtime_contract::message::{Message, Role};
+
+/// Appends a result for every tool call in `messages[from..]` that has none,
+/// right after the results already present, so the history stays valid.
+/// `note` is the text of the added results. Returns how many were added.
+///
+/// Calls before `from` are assumed answered (the caller validated them).
+pub(crate) fn repair(messages: &mut Vec<Message>, from: usize, note: &str) -> usize {
+    let mut answered: HashSet<&str> = HashSet::new();
+    let mut missing: Vec<(usize, String)> = Vec::new();
+    for m in &messages[from.min(messages.len())..] {
+        if let (Role::Tool, Some(id)) = (m.role, &m.tool_call_id) {
+            answered.insert(id);
+        }
+    }
+    // Walk each assistant message with calls and find the end of its block of
+    // tool results, where missing results are inserted.
+    let mut i = from;
+    while i < messages.len() {
+        if messages[i].role == Role::Assistant && !messages[i].tool_calls.is_empty() {
+            let mut end = i + 1;
+            while end < messages.len() && messages[end].role == Role::Tool {
+                end += 1;
+            }
+            for call in &messages[i].tool_calls {
+                if !answered.contains(call.id.as_str()) {
+                    missing.push((end, call.id.clone()));
+                }
+            }
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    let added = missing.len();
+    // Insert from the back so earlier insertion points stay correct; calls of
+    // one block keep their order because equal points are inserted in reverse.
+    for (at, id) in missing.into_iter().rev() {
+        messages.insert(at, Message::tool(id, note));
+    }
+    added
+}
+
+/// Whether every tool call in `messages` has exactly one result.
+#[cfg(test)]
+pub(crate) fn is_valid(messages: &[Message]) -> bool {
+    let mut open: Vec<&str> = Vec::new();
+    for m in messages {
+        match m.role {
+            Role::Assistant => {
+                if !open.is_empty() {
+                    return false;
+                }
+                open.extend(m.tool_calls.iter().map(|c| c.id.as_str()));
+            }
+            Role::Tool => {
+                let Some(id) = m.tool_call_id.as_deref() else {
+                    return false;
+                };
+                let Some(pos) = open.iter().position(|o| *o == id) else {
+                    return false;
+                };
+                open.swap_remove(pos);
+            }
+            Role::User | Role::System => {
+                if !open.is_empty() {
+                    return false;
+                }
+            }
+        }
+    }
+    open.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rein_runtime_contract::message::ToolCall;
+
+    fn call(id: &str) -> ToolCall {
+        ToolCall::new(id, "t", serde_json::json!({}))
+    }
+
+    #[test]
+    fn missing_results_are_added_after_the_existing_ones() {
+        let mut h = vec![
+            Message::user("go"),
+            Message::assistant_with_tools("", vec![call("a"), call("b"), call("c")]),
+            Message::tool("b", "ok"),
+        ];
+        assert!(!is_valid(&h));
+        assert_eq!(repair(&mut h, 0, "not run"), 2);
+        assert!(is_valid(&h));
+        let ids: Vec<_> = h[2..].iter().map(|m| m.tool_call_id.clone().unwrap()).collect();
+        assert_eq!(ids, ["b", "a", "c"]);
+        assert_eq!(h[3].content, "not run");
+    }
+
+    #[test]
+    fn a_block_followed_by_user_input_is_repaired_before_the_input() {
+        let mut h = vec![
+            Message::assistant_with_tools("", vec![call("a")]),
+            Message::user("new input"),
+        ];
+        assert_eq!(repair(&mut h, 0, "interrupted"), 1);
+        assert!(is_valid(&h));
+        assert_eq!(h[1].tool_call_id.as_deref(), Some("a"));
+        assert_eq!(h[2].content, "new input");
+    }
+
+    #[test]
+    fn valid_histories_are_left_alone() {
+        let mut h = vec![
+            Message::user("go"),
+            Message::assistant_with_tools("", vec![call("a")]),
+            Message::tool("a", "ok"),
+            Message::assistant("done"),
+        ];
+        let before = h.clone();
+        assert!(is_valid(&h));
+        assert_eq!(repair(&mut h, 0, "x"), 0);
+        assert_eq!(h, before);
+    }
+
+    #[test]
+    fn results_without_calls_are_invalid() {
+        assert!(!is_valid(&[Message::tool("x", "orphan")]));
+    }
+}

@@ -1,0 +1,141 @@
+//! The mailbox: submit input to a thread, interrupting its active run.
+//!
+//! Submissions to one thread are serialized by a per-thread async lock. A
+//! submission cancels the thread's active run (cause `Interrupted`), waits
+//! for it to release the thread — by then its history is repaired and
+//! stored — and starts a new run with the full history plus the new input.
+//!
+//! **Invariant 4:** a submitted message is appended to the history exactly
+//! once, by the run it starts, before that run's first inference; a
+//! submission that fails (`PreviousRunStuck`, unknown agent, shut down)
+//! appends nothing.
+
+use std::sync::Arc;
+
+use rein_runtime_contract::event::CancelCause;
+use tokio::task::JoinHandle;
+
+use crate::active_runs::RunControl;
+use crate::run::{AgentRunResult, RunRequest};
+use crate::runtime::{Inner, RuntimeError, StartError};
+
+/// Submits input to threads. Cheap to clone; `Send + Sync`.
+#[derive(Clone)]
+pub struct Mailbox {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Mailbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox").finish_non_exhaustive()
+    }
+}
+
+impl Mailbox {
+    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+        Self { inner }
+    }
+
+    /// Starts a run of `request` on its thread, first interrupting and
+    /// awaiting the thread's active run if there is one. Returns once the
+    /// new run has started.
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::PreviousRunStuck`] when the active run does not release
+    /// the thread within the cancel-wait bound (nothing is appended); an
+    /// unknown or missing agent id; [`RuntimeError::ShutDown`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before it returns, no run is started by this call and nothing
+    /// is appended (an active run it already interrupted stays cancelled).
+    /// The returned handle may be dropped: the run goes on unobserved.
+    pub async fn submit(&self, request: RunRequest) -> Result<RunHandle, RuntimeError> {
+        let thread_id = request.thread_id.clone();
+        let lock = self
+            .inner
+            .mailbox_locks
+            .entry(thread_id.clone())
+            .or_default()
+            .clone();
+        let result = {
+            let _serial = lock.lock().await;
+            self.submit_serialized(request).await
+        };
+        drop(lock);
+        // Forget the thread's lock once nobody else holds or waits for it;
+        // anyone who cloned it since holds a second reference.
+        self.inner
+            .mailbox_locks
+            .remove_if(&thread_id, |_, l| Arc::strong_count(l) == 1);
+        result
+    }
+
+    async fn submit_serialized(&self, mut request: RunRequest) -> Result<RunHandle, RuntimeError> {
+        let run_id = self.inner.next_run_id();
+        loop {
+            if let Some(active) = self.inner.registry.by_thread(&request.thread_id) {
+                active.cancel(CancelCause::Interrupted {
+                    by_run_id: run_id.to_string(),
+                });
+                if !active.wait_released(self.inner.config.cancel_wait).await {
+                    return Err(RuntimeError::PreviousRunStuck {
+                        thread_id: request.thread_id,
+                        run_id: active.run_id.to_string(),
+                    });
+                }
+            }
+            match self.inner.start(request, None, Some(run_id.clone())) {
+                Ok(handle) => return Ok(handle),
+                // A run started directly with `run` took the thread in between.
+                Err(StartError::Busy(back)) => request = *back,
+                Err(StartError::Other(e)) => return Err(e),
+            }
+        }
+    }
+}
+
+/// A handle to a started run: its id, a way to cancel it, and its result.
+#[derive(Debug)]
+pub struct RunHandle {
+    control: Arc<RunControl>,
+    task: JoinHandle<AgentRunResult>,
+}
+
+impl RunHandle {
+    pub(crate) fn new(control: Arc<RunControl>, task: JoinHandle<AgentRunResult>) -> Self {
+        Self { control, task }
+    }
+
+    pub(crate) fn control(&self) -> &Arc<RunControl> {
+        &self.control
+    }
+
+    /// The run's id.
+    pub fn run_id(&self) -> &str {
+        &self.control.run_id
+    }
+
+    /// Cancels the run (cause `Requested`); it ends `Cancelled`.
+    pub fn cancel(&self) {
+        self.control.cancel(CancelCause::Requested);
+    }
+
+    /// Waits for the run to end.
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::RunTaskFailed`] if the run's task was aborted or
+    /// failed outside the loop (e.g. the tokio runtime shut down).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future does not cancel the run; the result is lost.
+    pub async fn wait(self) -> Result<AgentRunResult, RuntimeError> {
+        self.task.await.map_err(|e| RuntimeError::RunTaskFailed {
+            run_id: self.control.run_id.to_string(),
+            message: e.to_string(),
+        })
+    }
+}

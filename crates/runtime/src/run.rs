@@ -1,0 +1,106 @@
+//! One run's input and output: [`RunRequest`] and [`AgentRunResult`].
+
+use std::sync::Arc;
+
+use rein_runtime_contract::CancellationToken;
+use rein_runtime_contract::event::{CancelCause, EventSink};
+use rein_runtime_contract::inference::ToolChoice;
+use rein_runtime_contract::lifecycle::TerminationReason;
+use rein_runtime_contract::message::{Message, TokenUsage};
+
+/// Input for one run: the thread, the new messages, and per-run options.
+#[derive(Clone)]
+pub struct RunRequest {
+    pub(crate) thread_id: String,
+    pub(crate) messages: Vec<Message>,
+    pub(crate) agent_id: Option<String>,
+    pub(crate) event_sink: Option<Arc<dyn EventSink>>,
+    pub(crate) cancellation: Option<CancellationToken>,
+    pub(crate) tool_choice: Option<ToolChoice>,
+}
+
+impl std::fmt::Debug for RunRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunRequest")
+            .field("thread_id", &self.thread_id)
+            .field("messages", &self.messages)
+            .field("agent_id", &self.agent_id)
+            .field("event_sink", &self.event_sink.is_some())
+            .field("cancellation", &self.cancellation)
+            .field("tool_choice", &self.tool_choice)
+            .finish()
+    }
+}
+
+impl RunRequest {
+    /// A run on `thread_id` that appends `messages` to the thread's history.
+    pub fn new(thread_id: impl Into<String>, messages: Vec<Message>) -> Self {
+        Self {
+            thread_id: thread_id.into(),
+            messages,
+            agent_id: None,
+            event_sink: None,
+            cancellation: None,
+            tool_choice: None,
+        }
+    }
+
+    /// Runs this agent. Without it, the runtime's only agent runs (an error
+    /// when there are several).
+    pub fn with_agent_id(mut self, agent_id: impl Into<String>) -> Self {
+        self.agent_id = Some(agent_id.into());
+        self
+    }
+
+    /// Sends this run's events here instead of the runtime's default sink.
+    pub fn with_event_sink(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.event_sink = Some(sink);
+        self
+    }
+
+    /// A parent token: cancelling it cancels the run (e.g. a client disconnect).
+    pub fn with_cancellation(mut self, token: CancellationToken) -> Self {
+        self.cancellation = Some(token);
+        self
+    }
+
+    /// The tool choice for this run's inferences until the first successful
+    /// one; later inferences use the agent's.
+    pub fn with_tool_choice(mut self, choice: ToolChoice) -> Self {
+        self.tool_choice = Some(choice);
+        self
+    }
+
+    /// The thread.
+    pub fn thread_id(&self) -> &str {
+        &self.thread_id
+    }
+
+    /// The new messages.
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+}
+
+/// The outcome of one run.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct AgentRunResult {
+    /// The run's id.
+    pub run_id: String,
+    /// The thread it ran on.
+    pub thread_id: String,
+    /// Why it ended, code and detail included.
+    pub termination: TerminationReason,
+    /// The text of the run's last answer (partial when it was cut off;
+    /// empty when the run produced none).
+    pub response: String,
+    /// Inferences made, failed attempts included.
+    pub steps: u32,
+    /// The sum of the usage providers reported.
+    pub usage: TokenUsage,
+    /// Whether every successful inference reported its usage.
+    pub usage_complete: bool,
+    /// Who cancelled the run, when it was cancelled (or hit its deadline).
+    pub cancel_cause: Option<CancelCause>,
+}

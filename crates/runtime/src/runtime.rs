@@ -1,0 +1,419 @@
+//! [`AgentRuntime`]: starts runs, finds them by thread or id, cancels them.
+//!
+//! Runs execute on spawned tokio tasks, so every method that starts a run
+//! must be called from within a tokio runtime.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::FutureExt;
+use rein_runtime_contract::CancellationToken;
+use rein_runtime_contract::event::{AgentEvent, CancelCause, EventSink};
+use rein_runtime_contract::lifecycle::TerminationReason;
+use rein_runtime_contract::message::{Message, TokenUsage};
+use tracing::Instrument;
+
+use crate::active_runs::{ActiveRunRegistry, CURRENT_RUN, RunControl};
+use crate::agent::Agent;
+use crate::agent_loop::{RetryBackoff, RunSetup, execute};
+use crate::mailbox::{Mailbox, RunHandle};
+use crate::phase::panic_message;
+use crate::run::{AgentRunResult, RunRequest};
+use crate::thread_store::ThreadStore;
+
+/// Why a run could not be started or awaited.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// A run is already active on the thread (use the mailbox to interrupt it).
+    #[error("thread \"{thread_id}\" already has an active run; cancel it first or submit through the mailbox")]
+    ThreadAlreadyRunning {
+        /// The thread.
+        thread_id: String,
+    },
+    /// A run interrupted by the mailbox kept its thread past the cancel-wait bound.
+    #[error("run \"{run_id}\" on thread \"{thread_id}\" did not release the thread within the cancel-wait bound; nothing was submitted")]
+    PreviousRunStuck {
+        /// The thread.
+        thread_id: String,
+        /// The run that would not let go.
+        run_id: String,
+    },
+    /// The request names an agent the runtime does not have.
+    #[error("unknown agent id \"{agent_id}\"; registered agent ids: {known}")]
+    UnknownAgent {
+        /// The unknown id.
+        agent_id: String,
+        /// The registered ids (or `none`).
+        known: String,
+    },
+    /// The request names no agent and the runtime has several (or none).
+    #[error("the request names no agent and the runtime has {count} agents; call RunRequest::with_agent_id with one of: {known}")]
+    AgentRequired {
+        /// How many agents there are.
+        count: usize,
+        /// The registered ids (or `none`).
+        known: String,
+    },
+    /// The runtime was shut down.
+    #[error("the runtime has been shut down; no new runs start")]
+    ShutDown,
+    /// The run's task failed outside the loop's own error handling.
+    #[error("the task of run \"{run_id}\" failed: {message}")]
+    RunTaskFailed {
+        /// The run.
+        run_id: String,
+        /// What happened.
+        message: String,
+    },
+}
+
+/// Runtime-wide settings from the builder.
+pub(crate) struct RuntimeConfig {
+    pub(crate) store: Arc<dyn ThreadStore>,
+    pub(crate) default_sink: Arc<dyn EventSink>,
+    pub(crate) cancel_wait: Duration,
+    pub(crate) backoff: RetryBackoff,
+}
+
+pub(crate) struct Inner {
+    agents: HashMap<String, Arc<Agent>>,
+    pub(crate) registry: Arc<ActiveRunRegistry>,
+    pub(crate) config: RuntimeConfig,
+    root: CancellationToken,
+    shut_down: AtomicBool,
+    next_run: AtomicU64,
+    pub(crate) mailbox_locks: dashmap::DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+}
+
+/// Why `Inner::start` did not start a run.
+pub(crate) enum StartError {
+    /// The thread is busy; the request is handed back.
+    Busy(Box<RunRequest>),
+    Other(RuntimeError),
+}
+
+impl Inner {
+    pub(crate) fn next_run_id(&self) -> Arc<str> {
+        let n = self.next_run.fetch_add(1, Ordering::Relaxed);
+        Arc::from(format!("run-{n}"))
+    }
+
+    fn agent_for(&self, request: &RunRequest) -> Result<Arc<Agent>, RuntimeError> {
+        let known = || {
+            let mut ids: Vec<&str> = self.agents.keys().map(String::as_str).collect();
+            ids.sort_unstable();
+            if ids.is_empty() { "none".to_owned() } else { ids.join(", ") }
+        };
+        match &request.agent_id {
+            Some(id) => self.agents.get(id).cloned().ok_or_else(|| RuntimeError::UnknownAgent {
+                agent_id: id.clone(),
+                known: known(),
+            }),
+            None if self.agents.len() == 1 => {
+                Ok(self.agents.values().next().cloned().ok_or(RuntimeError::AgentRequired {
+                    count: 0,
+                    known: known(),
+                })?)
+            }
+            None => Err(RuntimeError::AgentRequired {
+                count: self.agents.len(),
+                known: known(),
+            }),
+        }
+    }
+
+    /// Takes the thread's slot and spawns the run. Returns once the run has
+    /// started (holds its slot); the run proceeds on its own task.
+    pub(crate) fn start(
+        &self,
+        request: RunRequest,
+        sink: Option<Arc<dyn EventSink>>,
+        run_id: Option<Arc<str>>,
+    ) -> Result<RunHandle, StartError> {
+        if self.shut_down.load(Ordering::SeqCst) {
+            return Err(StartError::Other(RuntimeError::ShutDown));
+        }
+        let agent = self.agent_for(&request).map_err(StartError::Other)?;
+        let run_id = run_id.unwrap_or_else(|| self.next_run_id());
+        let token = match &request.cancellation {
+            Some(parent) => parent.child_token(),
+            None => self.root.child_token(),
+        };
+        let control = Arc::new(RunControl::new(run_id.clone(), request.thread_id.clone(), token));
+        let slot = match self.registry.acquire(control.clone()) {
+            Ok(slot) => slot,
+            Err(_) => return Err(StartError::Busy(Box::new(request))),
+        };
+        // Pairs with `shutdown`, which sets the flag before it lists the
+        // active runs: either it sees this slot or this sees the flag.
+        if self.shut_down.load(Ordering::SeqCst) {
+            control.cancel(CancelCause::Shutdown);
+        }
+        let RunRequest {
+            thread_id,
+            messages,
+            event_sink,
+            tool_choice,
+            ..
+        } = request;
+        let sink = event_sink
+            .or(sink)
+            .unwrap_or_else(|| self.config.default_sink.clone());
+        let setup = RunSetup {
+            agent,
+            control: control.clone(),
+            input: messages,
+            sink: sink.clone(),
+            store: self.config.store.clone(),
+            backoff: self.config.backoff,
+            tool_choice,
+        };
+        let span = tracing::info_span!("run", run_id = %run_id, thread_id = %thread_id);
+        let task_run_id = run_id.clone();
+        let task = tokio::spawn(
+            async move {
+                // The slot lives exactly as long as this task's future.
+                let _slot = slot;
+                let outcome = AssertUnwindSafe(CURRENT_RUN.scope(task_run_id.clone(), execute(setup)))
+                    .catch_unwind()
+                    .await;
+                match outcome {
+                    Ok(result) => result,
+                    Err(payload) => internal_failure(&task_run_id, &thread_id, &*sink, payload.as_ref()),
+                }
+            }
+            .instrument(span),
+        );
+        Ok(RunHandle::new(control, task))
+    }
+}
+
+/// Reports a run whose loop itself panicked (a bug in Rein): the run still
+/// gets its one `RunFinished`.
+fn internal_failure(
+    run_id: &str,
+    thread_id: &str,
+    sink: &dyn EventSink,
+    payload: &(dyn std::any::Any + Send),
+) -> AgentRunResult {
+    let termination = TerminationReason::Error(format!(
+        "internal error: the run loop panicked: {}",
+        panic_message(payload)
+    ));
+    tracing::error!(%termination, "run loop panicked");
+    sink.emit(AgentEvent::RunFinished {
+        run_id: run_id.to_owned(),
+        thread_id: thread_id.to_owned(),
+        termination: termination.clone(),
+        response: String::new(),
+        cancel_cause: None,
+        steps: 0,
+        usage: TokenUsage::default(),
+    });
+    AgentRunResult {
+        run_id: run_id.to_owned(),
+        thread_id: thread_id.to_owned(),
+        termination,
+        response: String::new(),
+        steps: 0,
+        usage: TokenUsage::default(),
+        usage_complete: false,
+        cancel_cause: None,
+    }
+}
+
+/// Cancels a run when the future awaiting it is dropped.
+struct CancelOnDrop(Option<Arc<RunControl>>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(control) = self.0.take() {
+            control.cancel(CancelCause::Requested);
+        }
+    }
+}
+
+/// The agent runtime: holds the agents and the active runs, starts runs and
+/// cancels them. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct AgentRuntime {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for AgentRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut agents: Vec<&String> = self.inner.agents.keys().collect();
+        agents.sort_unstable();
+        f.debug_struct("AgentRuntime")
+            .field("agents", &agents)
+            .field("active_runs", &self.inner.registry.all().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentRuntime {
+    pub(crate) fn new(agents: HashMap<String, Arc<Agent>>, config: RuntimeConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                agents,
+                registry: Arc::default(),
+                config,
+                root: CancellationToken::new(),
+                shut_down: AtomicBool::new(false),
+                next_run: AtomicU64::new(1),
+                mailbox_locks: dashmap::DashMap::new(),
+            }),
+        }
+    }
+
+    /// Runs `request` to its end, sending its events to `sink` (unless the
+    /// request carries its own sink).
+    ///
+    /// # Errors
+    ///
+    /// `Err` only when no run started — [`RuntimeError::ThreadAlreadyRunning`],
+    /// an unknown or missing agent id, [`RuntimeError::ShutDown`] — or the
+    /// run's task failed. Every run that started returns `Ok`, whatever its
+    /// termination.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future cancels the run (cause `Requested`); the run's
+    /// cleanup — history repair, `RunFinished`, releasing the thread —
+    /// completes in the background.
+    pub async fn run(
+        &self,
+        request: RunRequest,
+        sink: Arc<dyn EventSink>,
+    ) -> Result<AgentRunResult, RuntimeError> {
+        let handle = match self.inner.start(request, Some(sink), None) {
+            Ok(handle) => handle,
+            Err(StartError::Busy(request)) => {
+                return Err(RuntimeError::ThreadAlreadyRunning {
+                    thread_id: request.thread_id,
+                });
+            }
+            Err(StartError::Other(e)) => return Err(e),
+        };
+        let mut guard = CancelOnDrop(Some(handle.control().clone()));
+        let result = handle.wait().await;
+        guard.0 = None;
+        result
+    }
+
+    /// Like [`run`](Self::run), with the runtime's default event sink.
+    ///
+    /// # Errors
+    ///
+    /// As for [`run`](Self::run).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`run`](Self::run).
+    pub async fn run_to_completion(
+        &self,
+        request: RunRequest,
+    ) -> Result<AgentRunResult, RuntimeError> {
+        let sink = self.inner.config.default_sink.clone();
+        self.run(request, sink).await
+    }
+
+    /// The thread's stored history (empty for an unknown thread, or when the
+    /// store fails; the failure is logged).
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only; dropping it loses nothing.
+    pub async fn thread_messages(&self, thread_id: &str) -> Vec<Message> {
+        match self.inner.config.store.load(thread_id).await {
+            Ok(messages) => messages,
+            Err(error) => {
+                tracing::warn!(%error, "could not load thread history");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Whether a run holds the thread's slot now.
+    pub fn is_thread_active(&self, thread_id: &str) -> bool {
+        self.inner.registry.is_active(thread_id)
+    }
+
+    /// Cancels the thread's active run (cause `Requested`); `true` if there
+    /// was one. Does not wait; see [`cancel_and_wait_by_thread`](Self::cancel_and_wait_by_thread).
+    pub fn cancel_by_thread(&self, thread_id: &str) -> bool {
+        match self.inner.registry.by_thread(thread_id) {
+            Some(control) => {
+                control.cancel(CancelCause::Requested);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Cancels the active run with this id (cause `Requested`); `true` if
+    /// there was one.
+    pub fn cancel_run(&self, run_id: &str) -> bool {
+        match self.inner.registry.by_run(run_id) {
+            Some(control) => {
+                control.cancel(CancelCause::Requested);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Cancels the thread's active run and waits until it has released the
+    /// thread: its tool futures are finished or dropped, its history is
+    /// repaired and `RunFinished` is emitted.
+    ///
+    /// Returns `true` iff a run was active and released the thread within the
+    /// cancel-wait bound (default 5 s); `false` at once when no run is
+    /// active, and `false` at the bound otherwise (the run stays cancelled
+    /// and ends on its own). Called from inside the run itself (one of its
+    /// tools or hooks) it cancels the run and returns `false` at once, since
+    /// waiting for itself would never end.
+    ///
+    /// # Cancel safety
+    ///
+    /// The cancellation happens before the first await; dropping the future
+    /// only stops the waiting.
+    pub async fn cancel_and_wait_by_thread(&self, thread_id: &str) -> bool {
+        let Some(control) = self.inner.registry.by_thread(thread_id) else {
+            return false;
+        };
+        control.cancel(CancelCause::Requested);
+        control.wait_released(self.inner.config.cancel_wait).await
+    }
+
+    /// A mailbox for submitting input to threads, interrupting their active runs.
+    pub fn mailbox(&self) -> Mailbox {
+        Mailbox::new(self.inner.clone())
+    }
+
+    /// Stops accepting runs, cancels every active run (cause `Shutdown`) and
+    /// waits for each to release its thread, at most the cancel-wait bound
+    /// per run.
+    ///
+    /// # Cancel safety
+    ///
+    /// Runs are cancelled before the first await; dropping the future only
+    /// stops the waiting.
+    pub async fn shutdown(&self) {
+        self.inner.shut_down.store(true, Ordering::SeqCst);
+        let active = self.inner.registry.all();
+        for control in &active {
+            control.cancel(CancelCause::Shutdown);
+        }
+        self.inner.root.cancel();
+        for control in active {
+            if !control.wait_released(self.inner.config.cancel_wait).await {
+                tracing::warn!(run_id = %control.run_id, "run did not stop within the cancel-wait bound");
+            }
+        }
+    }
+}

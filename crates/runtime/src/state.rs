@@ -1,0 +1,152 @@
+//! The per-run typed state map and the registry of keys an agent's plugins own.
+//!
+//! **Invariant:** a key has exactly one owner among an agent's listed plugins;
+//! registering it twice fails with [`StateError::KeyAlreadyRegistered`].
+
+use std::any::Any;
+use std::collections::HashMap;
+
+use rein_runtime_contract::state::{StateError, StateKey};
+
+type Slot = Box<dyn Any + Send + Sync>;
+
+/// One registered key: its name, its owner and how to make its initial value.
+#[derive(Clone)]
+pub(crate) struct KeyRegistration {
+    pub(crate) key: &'static str,
+    pub(crate) owner: String,
+    init: fn() -> Slot,
+}
+
+impl std::fmt::Debug for KeyRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyRegistration")
+            .field("key", &self.key)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+fn init_default<K: StateKey>() -> Slot {
+    Box::new(K::Value::default())
+}
+
+impl KeyRegistration {
+    pub(crate) fn of<K: StateKey>(owner: &str) -> Self {
+        Self {
+            key: K::KEY,
+            owner: owner.to_owned(),
+            init: init_default::<K>,
+        }
+    }
+}
+
+/// Adds `reg` to `keys` unless its key is already there.
+pub(crate) fn register_key(
+    keys: &mut Vec<KeyRegistration>,
+    reg: KeyRegistration,
+) -> Result<(), StateError> {
+    if keys.iter().any(|k| k.key == reg.key) {
+        return Err(StateError::KeyAlreadyRegistered {
+            key: reg.key.to_owned(),
+        });
+    }
+    keys.push(reg);
+    Ok(())
+}
+
+/// The typed state of one run: one value per registered key, each starting
+/// at its `Default`.
+#[derive(Default)]
+pub(crate) struct RunState {
+    slots: HashMap<&'static str, Slot>,
+}
+
+impl std::fmt::Debug for RunState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.slots.keys()).finish()
+    }
+}
+
+impl RunState {
+    pub(crate) fn new(keys: &[KeyRegistration]) -> Self {
+        Self {
+            slots: keys.iter().map(|k| (k.key, (k.init)())).collect(),
+        }
+    }
+
+    /// Makes sure `K` has a slot (used for the runtime's own keys).
+    pub(crate) fn ensure<K: StateKey>(&mut self) {
+        self.slots.entry(K::KEY).or_insert_with(init_default::<K>);
+    }
+
+    pub(crate) fn get<K: StateKey>(&self) -> Result<&K::Value, StateError> {
+        self.slots
+            .get(K::KEY)
+            .ok_or_else(|| StateError::UnknownKey { key: K::KEY.to_owned() })?
+            .downcast_ref()
+            .ok_or_else(|| StateError::TypeMismatch { key: K::KEY.to_owned() })
+    }
+
+    pub(crate) fn get_mut<K: StateKey>(&mut self) -> Result<&mut K::Value, StateError> {
+        self.slots
+            .get_mut(K::KEY)
+            .ok_or_else(|| StateError::UnknownKey { key: K::KEY.to_owned() })?
+            .downcast_mut()
+            .ok_or_else(|| StateError::TypeMismatch { key: K::KEY.to_owned() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Counter;
+    impl StateKey for Counter {
+        const KEY: &'static str = "test.counter";
+        type Value = u32;
+    }
+    struct SameNameOtherType;
+    impl StateKey for SameNameOtherType {
+        const KEY: &'static str = "test.counter";
+        type Value = String;
+    }
+    struct Unregistered;
+    impl StateKey for Unregistered {
+        const KEY: &'static str = "test.unregistered";
+        type Value = u8;
+    }
+
+    #[test]
+    fn registered_keys_start_at_default_and_are_writable() {
+        let mut keys = Vec::new();
+        register_key(&mut keys, KeyRegistration::of::<Counter>("p")).unwrap();
+        let mut state = RunState::new(&keys);
+        assert_eq!(*state.get::<Counter>().unwrap(), 0);
+        *state.get_mut::<Counter>().unwrap() += 2;
+        assert_eq!(*state.get::<Counter>().unwrap(), 2);
+    }
+
+    #[test]
+    fn a_key_cannot_be_registered_twice() {
+        let mut keys = Vec::new();
+        register_key(&mut keys, KeyRegistration::of::<Counter>("a")).unwrap();
+        let err = register_key(&mut keys, KeyRegistration::of::<Counter>("b")).unwrap_err();
+        assert_eq!(err, StateError::KeyAlreadyRegistered { key: "test.counter".into() });
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_are_errors() {
+        let mut keys = Vec::new();
+        register_key(&mut keys, KeyRegistration::of::<Counter>("a")).unwrap();
+        let state = RunState::new(&keys);
+        assert_eq!(
+            state.get::<Unregistered>().unwrap_err(),
+            StateError::UnknownKey { key: "test.unregistered".into() }
+        );
+        assert_eq!(
+            state.get::<SameNameOtherType>().unwrap_err(),
+            StateError::TypeMismatch { key: "test.counter".into() }
+        );
+    }
+}

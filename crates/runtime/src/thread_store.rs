@@ -1,0 +1,107 @@
+//! Where thread histories live between runs.
+//!
+//! A run loads its thread's history when it starts, appends its input at
+//! once, appends each finished round, and appends the repaired tail when it
+//! ends. Only the run holding a thread's slot writes to that thread, so a
+//! store needs no cross-run coordination.
+
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use rein_runtime_contract::message::Message;
+
+/// A failed store operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("thread store failed for thread \"{thread_id}\": {message}")]
+pub struct ThreadStoreError {
+    /// The thread.
+    pub thread_id: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl ThreadStoreError {
+    /// An error for `thread_id`.
+    pub fn new(thread_id: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            thread_id: thread_id.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Persistence of thread histories.
+///
+/// # Cancel safety
+///
+/// The runtime never drops a store future half-way except when the whole
+/// runtime is torn down; implementations should still make each call atomic.
+#[async_trait::async_trait]
+pub trait ThreadStore: Send + Sync {
+    /// The thread's history, oldest first; empty for an unknown thread.
+    ///
+    /// # Errors
+    ///
+    /// A [`ThreadStoreError`] when the history cannot be read.
+    async fn load(&self, thread_id: &str) -> Result<Vec<Message>, ThreadStoreError>;
+
+    /// Appends `messages` to the thread's history.
+    ///
+    /// # Errors
+    ///
+    /// A [`ThreadStoreError`] when nothing could be written.
+    async fn append(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError>;
+
+    /// Replaces the thread's whole history (used when a history loaded from
+    /// the store needs repair).
+    ///
+    /// # Errors
+    ///
+    /// A [`ThreadStoreError`] when nothing could be written.
+    async fn replace(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError>;
+}
+
+/// A [`ThreadStore`] in process memory; histories are lost when it is dropped.
+#[derive(Debug, Default, Clone)]
+pub struct InMemoryThreadStore {
+    threads: Arc<DashMap<String, Vec<Message>>>,
+}
+
+impl InMemoryThreadStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The ids of the threads with a history.
+    pub fn thread_ids(&self) -> Vec<String> {
+        self.threads.iter().map(|e| e.key().clone()).collect()
+    }
+}
+
+#[async_trait::async_trait]
+impl ThreadStore for InMemoryThreadStore {
+    async fn load(&self, thread_id: &str) -> Result<Vec<Message>, ThreadStoreError> {
+        Ok(self
+            .threads
+            .get(thread_id)
+            .map(|h| h.value().clone())
+            .unwrap_or_default())
+    }
+
+    async fn append(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        self.threads
+            .entry(thread_id.to_owned())
+            .or_default()
+            .extend_from_slice(messages);
+        Ok(())
+    }
+
+    async fn replace(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError> {
+        self.threads.insert(thread_id.to_owned(), messages.to_vec());
+        Ok(())
+    }
+}
