@@ -1,1 +1,28 @@
-//! wip
+//! LLM executors for Rein: implementations of
+//! [`LlmExecutor`](rein_runtime_contract::inference::LlmExecutor).
+//!
+//! - [`ScriptedExecutor`] plays a deterministic script (text streamed word by
+//!   word, tool calls, usage, errors, delays) or answers from a function of
+//!   the request. It is how tests, examples and the offline quickstart run
+//!   without a model.
+//!
+//! The runtime never depends on this crate: executors are handed to
+//! `AgentRuntimeBuilder::with_provider`.
+//!
+//! ```
+//! use rein_providers::{ScriptedExecutor, ScriptedResponse};
+//! use rein_runtime_contract::inference::{InferenceRequest, LlmExecutor};
+//! use rein_runtime_contract::message::Message;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! let model = ScriptedExecutor::new(vec![ScriptedResponse::text("hello there").with_usage(3, 2)]);
+//! let request = InferenceRequest::new("scripted", vec![Message::user("hi")]);
+//! let answer = model.complete(&request).await.unwrap();
+//! assert_eq!(answer.text, "hello there");
+//! assert_eq!(model.served_chunks(), 3); // two words and the usage
+//! # });
+//! ```
+
+mod scripted;
+
+pub use scripted::{ScriptedExecutor, ScriptedResponse};

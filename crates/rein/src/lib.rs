@@ -1,1 +1,115 @@
-//! wip
+//! Rein: a Rust runtime for LLM agents, centred on run control — when a run
+//! stops, why, how it is cancelled, and what happens when new input reaches
+//! a thread that already has a run going.
+//!
+//! This crate is the facade: it only re-exports `rein-runtime-contract` (as
+//! [`contract`]), `rein-runtime` and `rein-providers` (as [`engine`]).
+//!
+//! # The model
+//!
+//! An [`AgentRuntime`] runs an agent ([`AgentSpec`]) on a thread: it feeds the
+//! thread's history to the agent's model, executes the tool calls the model
+//! asks for, and repeats until the model answers without tools, a stop policy
+//! or a hook ends the run, or it is cancelled. The result is an
+//! [`AgentRunResult`] whose [`TerminationReason`] says exactly why the run
+//! ended, and the run's last event is always one `RunFinished`.
+//!
+//! - **Executors** ([`engine`]) talk to models; **tools** do the work.
+//! - **Plugins** ([`plugin`]) add typed state, [`phase`] hooks and tools to
+//!   the agents that list their ids in `AgentSpec.plugin_ids`.
+//! - **Stop policies** ([`policies`]) end runs; `max_rounds` and
+//!   `stop_conditions` of the spec are always enforced.
+//! - **Cancellation**: every run has its own [`CancellationToken`]; a
+//!   [`Mailbox`] interrupts a thread's run when new input arrives.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use rein::prelude::*;
+//!
+//! struct Clock;
+//! #[async_trait::async_trait]
+//! impl Tool for Clock {
+//!     fn descriptor(&self) -> ToolDescriptor {
+//!         ToolDescriptor::new("clock", "tells the time")
+//!     }
+//!     async fn execute(&self, _args: serde_json::Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+//!         Ok(ToolOutput::text("12:00"))
+//!     }
+//! }
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let model = ScriptedExecutor::new(vec![
+//!     ScriptedResponse::tool_call("clock", serde_json::json!({})),
+//!     ScriptedResponse::text("It is noon."),
+//! ]);
+//! let runtime = AgentRuntimeBuilder::new()
+//!     .with_agent_spec(AgentSpec::new("assistant").with_model_id("scripted"))
+//!     .with_model(ModelSpec::new("scripted", "offline", "script"))
+//!     .with_provider("offline", Arc::new(model))
+//!     .with_tool("clock", Arc::new(Clock))
+//!     .build()?;
+//! let result = runtime
+//!     .run_to_completion(RunRequest::new("thread-1", vec![Message::user("What time is it?")]))
+//!     .await?;
+//! assert_eq!(result.termination, TerminationReason::NaturalEnd);
+//! assert_eq!(result.response, "It is noon.");
+//! assert_eq!(runtime.thread_messages("thread-1").await.len(), 4);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # What is re-exported where
+//!
+//! | path | from |
+//! |---|---|
+//! | [`contract`] | `rein-runtime-contract`: messages, specs, events, inference, tools, phases, state |
+//! | [`registry_spec`] | [`AgentSpec`], [`ModelSpec`] |
+//! | [`plugin`], [`phase`], [`policies`], [`thread_store`] | `rein-runtime` modules |
+//! | [`engine`] | executors from `rein-providers` |
+//! | root | the runtime, its builder, requests, results, errors |
+//! | [`prelude`] | what a typical program imports |
+
+pub use rein_runtime_contract as contract;
+
+pub use rein_runtime::{phase, plugin, policies, thread_store};
+
+/// Agent and model specifications.
+pub mod registry_spec {
+    pub use rein_runtime_contract::spec::{AgentSpec, ModelSpec};
+}
+
+/// LLM executors.
+pub mod engine {
+    pub use rein_providers::{ScriptedExecutor, ScriptedResponse};
+}
+
+pub use rein_runtime::{
+    AgentRunResult, AgentRuntime, AgentRuntimeBuilder, BuildError, DEFAULT_CANCEL_WAIT_TIMEOUT,
+    Mailbox, RunHandle, RunRequest, RuntimeError,
+};
+pub use rein_runtime_contract::CancellationToken;
+pub use rein_runtime_contract::event::CollectingSink;
+pub use rein_runtime_contract::lifecycle::TerminationReason;
+pub use rein_runtime_contract::spec::{AgentSpec, ModelSpec};
+
+/// The names a typical Rein program uses.
+pub mod prelude {
+    pub use rein_providers::{ScriptedExecutor, ScriptedResponse};
+    pub use rein_runtime::phase::{HookError, PhaseContext, PhaseHook};
+    pub use rein_runtime::plugin::{Plugin, PluginRegistrar};
+    pub use rein_runtime::{
+        AgentRunResult, AgentRuntime, AgentRuntimeBuilder, BuildError, Mailbox, RunHandle,
+        RunRequest, RuntimeError,
+    };
+    pub use rein_runtime_contract::CancellationToken;
+    pub use rein_runtime_contract::event::{AgentEvent, CancelCause, CollectingSink, EventSink};
+    pub use rein_runtime_contract::inference::{InferenceError, LlmExecutor, ToolChoice};
+    pub use rein_runtime_contract::lifecycle::{StopConditionSpec, StoppedReason, TerminationReason};
+    pub use rein_runtime_contract::message::{Message, Role, TokenUsage, ToolCall};
+    pub use rein_runtime_contract::phase::Phase;
+    pub use rein_runtime_contract::spec::{AgentSpec, ModelSpec};
+    pub use rein_runtime_contract::state::{StateError, StateKey};
+    pub use rein_runtime_contract::tool::{Tool, ToolContext, ToolDescriptor, ToolError, ToolOutput};
+}
