@@ -1,1 +1,61 @@
-fn main() {}
+//! Project automation, run as `cargo xtask <command>`.
+//!
+//! - `ci`: the checks CI runs — `cargo fmt --check`, `cargo clippy` with
+//!   `-D warnings`, every test of the workspace, and the doc tests.
+
+use std::process::{Command, ExitCode};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("ci") => ci(),
+        Some("help") | Some("--help") | Some("-h") | None => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown command \"{other}\"\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  ci    fmt check, clippy -D warnings, all tests, doc tests";
+
+/// Runs `cargo` with `args`, failing with the command line when it fails.
+fn cargo(args: &[&str]) -> Result<(), String> {
+    let line = format!("cargo {}", args.join(" "));
+    println!("xtask: running `{line}`");
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+        .args(args)
+        .status()
+        .map_err(|e| format!("could not start `{line}`: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{line}` failed ({status})"))
+    }
+}
+
+fn ci() -> Result<(), String> {
+    cargo(&["fmt", "--all", "--", "--check"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
+    cargo(&["test", "--workspace", "--all-targets"])?;
+    cargo(&["test", "--workspace", "--doc"])?;
+    println!("xtask: ci passed");
+    Ok(())
+}

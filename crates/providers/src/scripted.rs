@@ -115,7 +115,7 @@ type Responder = dyn Fn(&InferenceRequest) -> ScriptedResponse + Send + Sync;
 
 enum Source {
     Script {
-        queue: Mutex<Script>,
+        queue: Box<Mutex<Script>>,
         repeat_last: bool,
     },
     Function(Box<Responder>),
@@ -154,11 +154,11 @@ impl ScriptedExecutor {
     /// An executor playing `script` in order.
     pub fn new(script: Vec<ScriptedResponse>) -> Self {
         Self::with_source(Source::Script {
-            queue: Mutex::new(Script {
+            queue: Box::new(Mutex::new(Script {
                 pending: script.into(),
                 last: None,
                 served: 0,
-            }),
+            })),
             repeat_last: false,
         })
     }
@@ -192,7 +192,10 @@ impl ScriptedExecutor {
         self.served_chunks.load(Ordering::Relaxed)
     }
 
-    fn next_response(&self, request: &InferenceRequest) -> Result<ScriptedResponse, InferenceError> {
+    fn next_response(
+        &self,
+        request: &InferenceRequest,
+    ) -> Result<ScriptedResponse, InferenceError> {
         match &self.source {
             Source::Function(f) => Ok(f(request)),
             Source::Script { queue, repeat_last } => {
@@ -251,10 +254,11 @@ impl LlmExecutor for ScriptedExecutor {
         if response.stalled {
             return Ok(futures::stream::pending().boxed());
         }
-        let mut items: VecDeque<Result<InferenceDelta, InferenceError>> = word_chunks(&response.text)
-            .into_iter()
-            .map(|text| Ok(InferenceDelta::Text { text }))
-            .collect();
+        let mut items: VecDeque<Result<InferenceDelta, InferenceError>> =
+            word_chunks(&response.text)
+                .into_iter()
+                .map(|text| Ok(InferenceDelta::Text { text }))
+                .collect();
         match response.stream_error {
             Some(error) => items.push_back(Err(error)),
             None => {
@@ -297,19 +301,28 @@ mod tests {
 
     #[test]
     fn words_keep_their_following_whitespace() {
-        assert_eq!(word_chunks("one two  three\n"), ["one ", "two  ", "three\n"]);
+        assert_eq!(
+            word_chunks("one two  three\n"),
+            ["one ", "two  ", "three\n"]
+        );
         assert_eq!(word_chunks("  lead"), ["  lead"]);
         assert!(word_chunks("").is_empty());
     }
 
     #[tokio::test]
     async fn the_script_plays_in_order_then_fails_unless_repeated() {
-        let ex = ScriptedExecutor::new(vec![ScriptedResponse::text("a"), ScriptedResponse::text("b")]);
+        let ex = ScriptedExecutor::new(vec![
+            ScriptedResponse::text("a"),
+            ScriptedResponse::text("b"),
+        ]);
         assert_eq!(ex.complete(&request()).await.unwrap().text, "a");
         assert_eq!(ex.complete(&request()).await.unwrap().text, "b");
         let err = ex.complete(&request()).await.unwrap_err();
         assert!(!err.is_retryable());
-        assert!(err.message().contains("exhausted after 2 responses"), "{err}");
+        assert!(
+            err.message().contains("exhausted after 2 responses"),
+            "{err}"
+        );
 
         let ex = ScriptedExecutor::new(vec![ScriptedResponse::text("x")]).repeat_last();
         for _ in 0..3 {

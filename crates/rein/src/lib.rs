@@ -106,10 +106,14 @@ pub mod prelude {
     pub use rein_runtime_contract::CancellationToken;
     pub use rein_runtime_contract::event::{AgentEvent, CancelCause, CollectingSink, EventSink};
     pub use rein_runtime_contract::inference::{InferenceError, LlmExecutor, ToolChoice};
-    pub use rein_runtime_contract::lifecycle::{StopConditionSpec, StoppedReason, TerminationReason};
+    pub use rein_runtime_contract::lifecycle::{
+        StopConditionSpec, StoppedReason, TerminationReason,
+    };
     pub use rein_runtime_contract::message::{Message, Role, TokenUsage, ToolCall};
     pub use rein_runtime_contract::phase::Phase;
     pub use rein_runtime_contract::spec::{AgentSpec, ModelSpec};
     pub use rein_runtime_contract::state::{StateError, StateKey};
-    pub use rein_runtime_contract::tool::{Tool, ToolContext, ToolDescriptor, ToolError, ToolOutput};
+    pub use rein_runtime_contract::tool::{
+        Tool, ToolContext, ToolDescriptor, ToolError, ToolOutput,
+    };
 }

@@ -218,7 +218,11 @@ mod tests {
     fn collecting_sink_keeps_events_in_order() {
         let sink = CollectingSink::new();
         for step in 1..=3 {
-            sink.emit(AgentEvent::StepStarted { run_id: "r".into(), thread_id: "t".into(), step });
+            sink.emit(AgentEvent::StepStarted {
+                run_id: "r".into(),
+                thread_id: "t".into(),
+                step,
+            });
         }
         let steps: Vec<_> = sink
             .events()

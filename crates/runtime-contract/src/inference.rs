@@ -17,8 +17,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::stream::BoxStream;
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
 use crate::message::{Message, TokenUsage, ToolCall};
@@ -138,7 +138,9 @@ impl InferenceResponse {
             InferenceDelta::Text { text } => self.text.push_str(&text),
             InferenceDelta::ToolCall { call } => self.tool_calls.push(call),
             InferenceDelta::Usage { usage } => {
-                self.usage.get_or_insert_with(TokenUsage::default).add(usage);
+                self.usage
+                    .get_or_insert_with(TokenUsage::default)
+                    .add(usage);
             }
         }
     }
@@ -169,7 +171,10 @@ pub trait LlmExecutor: Send + Sync {
     /// # Errors
     ///
     /// The first error of `open` or of the stream.
-    async fn complete(&self, request: &InferenceRequest) -> Result<InferenceResponse, InferenceError> {
+    async fn complete(
+        &self,
+        request: &InferenceRequest,
+    ) -> Result<InferenceResponse, InferenceError> {
         let mut stream = self.open(request).await?;
         let mut response = InferenceResponse::default();
         while let Some(delta) = stream.next().await {

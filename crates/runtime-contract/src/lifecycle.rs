@@ -203,24 +203,54 @@ mod tests {
     #[test]
     fn stop_condition_specs_use_the_documented_shape() {
         let cases = [
-            (StopConditionSpec::MaxRounds { rounds: 10 }, json!({"type": "max_rounds", "rounds": 10})),
-            (StopConditionSpec::Timeout { seconds: 300 }, json!({"type": "timeout", "seconds": 300})),
-            (StopConditionSpec::TokenBudget { max_total: 100000 }, json!({"type": "token_budget", "max_total": 100000})),
-            (StopConditionSpec::ConsecutiveErrors { max: 3 }, json!({"type": "consecutive_errors", "max": 3})),
-            (StopConditionSpec::StopOnTool { tool_name: "finish".into() }, json!({"type": "stop_on_tool", "tool_name": "finish"})),
-            (StopConditionSpec::ContentMatch { pattern: "(?i)done".into() }, json!({"type": "content_match", "pattern": "(?i)done"})),
-            (StopConditionSpec::LoopDetection { window: 3 }, json!({"type": "loop_detection", "window": 3})),
+            (
+                StopConditionSpec::MaxRounds { rounds: 10 },
+                json!({"type": "max_rounds", "rounds": 10}),
+            ),
+            (
+                StopConditionSpec::Timeout { seconds: 300 },
+                json!({"type": "timeout", "seconds": 300}),
+            ),
+            (
+                StopConditionSpec::TokenBudget { max_total: 100000 },
+                json!({"type": "token_budget", "max_total": 100000}),
+            ),
+            (
+                StopConditionSpec::ConsecutiveErrors { max: 3 },
+                json!({"type": "consecutive_errors", "max": 3}),
+            ),
+            (
+                StopConditionSpec::StopOnTool {
+                    tool_name: "finish".into(),
+                },
+                json!({"type": "stop_on_tool", "tool_name": "finish"}),
+            ),
+            (
+                StopConditionSpec::ContentMatch {
+                    pattern: "(?i)done".into(),
+                },
+                json!({"type": "content_match", "pattern": "(?i)done"}),
+            ),
+            (
+                StopConditionSpec::LoopDetection { window: 3 },
+                json!({"type": "loop_detection", "window": 3}),
+            ),
         ];
         for (spec, expected) in cases {
             assert_eq!(serde_json::to_value(&spec).unwrap(), expected);
-            assert_eq!(serde_json::from_value::<StopConditionSpec>(expected).unwrap(), spec);
+            assert_eq!(
+                serde_json::from_value::<StopConditionSpec>(expected).unwrap(),
+                spec
+            );
             assert_eq!(spec.kind(), serde_json::to_value(&spec).unwrap()["type"]);
         }
     }
 
     #[test]
     fn unknown_fields_in_a_stop_condition_are_rejected() {
-        let err = serde_json::from_value::<StopConditionSpec>(json!({"type": "max_rounds", "rounds": 1, "extra": 2}));
+        let err = serde_json::from_value::<StopConditionSpec>(
+            json!({"type": "max_rounds", "rounds": 1, "extra": 2}),
+        );
         assert!(err.is_err());
     }
 }

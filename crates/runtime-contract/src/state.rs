@@ -1,7 +1,7 @@
 //! Typed per-run state: keys that plugins own and hooks read and write.
 
-use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 /// A typed slot in a run's state, identified by `KEY`.
 ///
@@ -36,7 +36,9 @@ pub enum StateError {
         key: String,
     },
     /// The key is not registered for this agent.
-    #[error("state key \"{key}\" is not registered for this agent; list the plugin that owns it in plugin_ids")]
+    #[error(
+        "state key \"{key}\" is not registered for this agent; list the plugin that owns it in plugin_ids"
+    )]
     UnknownKey {
         /// The key.
         key: String,

@@ -156,7 +156,11 @@ mod tests {
     use super::*;
 
     fn control(run: &str, thread: &str) -> Arc<RunControl> {
-        Arc::new(RunControl::new(run.into(), thread.into(), CancellationToken::new()))
+        Arc::new(RunControl::new(
+            run.into(),
+            thread.into(),
+            CancellationToken::new(),
+        ))
     }
 
     #[test]

@@ -36,7 +36,10 @@ impl std::fmt::Debug for Agent {
         f.debug_struct("Agent")
             .field("spec", &self.spec)
             .field("model", &self.model)
-            .field("tools", &self.descriptors.iter().map(|d| &d.name).collect::<Vec<_>>())
+            .field(
+                "tools",
+                &self.descriptors.iter().map(|d| &d.name).collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }

@@ -29,6 +29,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use rein_runtime_contract::event::{AgentEvent, CancelCause, EventSink};
 use rein_runtime_contract::inference::{
@@ -39,7 +40,7 @@ use rein_runtime_contract::lifecycle::TerminationReason;
 use rein_runtime_contract::message::{Message, TokenUsage, ToolCall, ToolResult};
 use rein_runtime_contract::phase::Phase;
 use rein_runtime_contract::tool::{Tool, ToolContext};
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::Instant;
 
 use crate::active_runs::{CURRENT_RUN, RunControl};
@@ -78,7 +79,9 @@ impl RetryBackoff {
         if let Some(after) = error.retry_after() {
             return after.min(MAX_RETRY_AFTER);
         }
-        let factor = 1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
+        let factor = 1u32
+            .checked_shl(attempt.saturating_sub(1))
+            .unwrap_or(u32::MAX);
         self.base.saturating_mul(factor).min(self.cap)
     }
 }
@@ -233,7 +236,11 @@ impl Run {
         self.persisted = history.len();
         history.extend(input);
         let from = self.persisted;
-        history::repair(&mut history, from, "not run: this call had no result in the input");
+        history::repair(
+            &mut history,
+            from,
+            "not run: this call had no result in the input",
+        );
         self.request.messages = Arc::new(history);
         self.persist().await
     }
@@ -269,7 +276,9 @@ impl Run {
             tool_result: focus.tool_result,
             directives: &mut self.directives,
         };
-        dispatch(hooks, &mut ctx).await.map_err(HookFailure::into_reason)
+        dispatch(hooks, &mut ctx)
+            .await
+            .map_err(HookFailure::into_reason)
     }
 
     fn termination(&mut self) -> Option<TerminationReason> {
@@ -441,7 +450,9 @@ impl Run {
             return Some(reason);
         }
         if !error.is_retryable() {
-            return Some(TerminationReason::Error(format!("inference failed: {error}")));
+            return Some(TerminationReason::Error(format!(
+                "inference failed: {error}"
+            )));
         }
         let attempt = self
             .state
@@ -499,10 +510,10 @@ impl Run {
         if let Some(reason) = self.termination() {
             return Some(reason);
         }
-        if !calls.is_empty() {
-            if let Err(reason) = self.run_tools(&calls).await {
-                return Some(reason);
-            }
+        if !calls.is_empty()
+            && let Err(reason) = self.run_tools(&calls).await
+        {
+            return Some(reason);
         }
         if let Err(reason) = self.hooks(Phase::StepEnd, Focus::default()).await {
             return Some(reason);
@@ -511,10 +522,7 @@ impl Run {
             return Some(reason);
         }
         if calls.is_empty() && !std::mem::take(&mut self.directives.another_round) {
-            return Some(
-                self.termination()
-                    .unwrap_or(TerminationReason::NaturalEnd),
-            );
+            return Some(self.termination().unwrap_or(TerminationReason::NaturalEnd));
         }
         None
     }
@@ -529,7 +537,9 @@ impl Run {
         let args = call.arguments.clone();
         let (call_id, name) = (call.id.clone(), call.name.clone());
         tokio::spawn(CURRENT_RUN.scope(self.control.run_id.clone(), async move {
-            let outcome = AssertUnwindSafe(tool.execute(args, &ctx)).catch_unwind().await;
+            let outcome = AssertUnwindSafe(tool.execute(args, &ctx))
+                .catch_unwind()
+                .await;
             let (content, is_error) = match outcome {
                 Ok(Ok(output)) => (output.to_content(), false),
                 Ok(Err(error)) => (format!("error: {error}"), true),
@@ -559,7 +569,11 @@ impl Run {
             content: format!(
                 "error: unknown tool \"{}\"; available tools: {}",
                 call.name,
-                if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
             ),
             is_error: true,
         }
@@ -599,35 +613,36 @@ impl Run {
             }
         }
 
-        let joined = if pending.is_empty() || ending.is_some() {
-            None
-        } else {
-            let all = futures::future::join_all(pending.iter_mut().map(|(_, h)| h));
+        // Wait for every spawned call; on cancellation (or a failed hook)
+        // abort the rest and keep draining, so that each future has
+        // completed or been dropped before the results are recorded.
+        let aborts: Vec<_> = pending.iter().map(|(_, h)| h.abort_handle()).collect();
+        let mut running: FuturesUnordered<_> = pending
+            .into_iter()
+            .map(|(i, handle)| async move { (i, handle.await) })
+            .collect();
+        let mut cut = ending.is_some();
+        if cut {
+            aborts.iter().for_each(AbortHandle::abort);
+        }
+        loop {
             tokio::select! {
                 biased;
-                _ = interrupted(&self.control, self.deadline) => None,
-                outs = all => Some(outs),
-            }
-        };
-        let interrupted = joined.is_none() && !pending.is_empty();
-        match joined {
-            Some(outs) => {
-                for ((i, _), out) in pending.iter().zip(outs) {
-                    results[*i] = Some(out.unwrap_or_else(|_| cancelled_result(&calls[*i])));
+                _ = interrupted(&self.control, self.deadline), if !cut => {
+                    cut = true;
+                    aborts.iter().for_each(AbortHandle::abort);
                 }
-            }
-            None => {
-                for (_, handle) in &pending {
-                    handle.abort();
-                }
-                for (i, handle) in pending {
-                    // Awaiting an aborted task returns once its future is dropped.
-                    results[i] = Some(handle.await.unwrap_or_else(|_| cancelled_result(&calls[i])));
-                }
+                next = running.next() => match next {
+                    Some((i, out)) => {
+                        results[i] = Some(out.unwrap_or_else(|_| cancelled_result(&calls[i])));
+                    }
+                    None => break,
+                },
             }
         }
+        let cancelled = cut && ending.is_none();
 
-        let run_after_hooks = !interrupted && ending.is_none();
+        let run_after_hooks = !cancelled && ending.is_none();
         for (call, result) in calls.iter().zip(results) {
             let Some(result) = result else { continue };
             if run_after_hooks && ending.is_none() {
@@ -650,7 +665,7 @@ impl Run {
             });
             self.history_mut().push(result.to_message());
         }
-        if interrupted {
+        if cancelled {
             return Err(self.cancelled_reason());
         }
         ending.map_or(Ok(()), Err)

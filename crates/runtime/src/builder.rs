@@ -59,7 +59,9 @@ pub enum BuildError {
         plugin_id: String,
     },
     /// An agent lists a plugin id nobody registered.
-    #[error("unknown plugin id \"{plugin_id}\" in agent \"{agent_id}\"; registered ids: {registered}")]
+    #[error(
+        "unknown plugin id \"{plugin_id}\" in agent \"{agent_id}\"; registered ids: {registered}"
+    )]
     UnknownPlugin {
         /// The agent.
         agent_id: String,
@@ -89,7 +91,9 @@ pub enum BuildError {
         known: String,
     },
     /// An agent names a model nobody registered.
-    #[error("unknown model id \"{model_id}\" in agent \"{agent_id}\"; registered model ids: {known}")]
+    #[error(
+        "unknown model id \"{model_id}\" in agent \"{agent_id}\"; registered model ids: {known}"
+    )]
     UnknownModel {
         /// The agent.
         agent_id: String,
@@ -99,7 +103,9 @@ pub enum BuildError {
         known: String,
     },
     /// A model names a provider nobody registered.
-    #[error("unknown provider id \"{provider_id}\" in model \"{model_id}\"; registered provider ids: {known}")]
+    #[error(
+        "unknown provider id \"{provider_id}\" in model \"{model_id}\"; registered provider ids: {known}"
+    )]
     UnknownProvider {
         /// The model.
         model_id: String,
@@ -109,7 +115,9 @@ pub enum BuildError {
         known: String,
     },
     /// A tool was registered under a name its descriptor does not carry.
-    #[error("tool registered as \"{name}\" describes itself as \"{descriptor_name}\"; register it under its descriptor's name")]
+    #[error(
+        "tool registered as \"{name}\" describes itself as \"{descriptor_name}\"; register it under its descriptor's name"
+    )]
     ToolNameMismatch {
         /// The registration name.
         name: String,
@@ -117,7 +125,9 @@ pub enum BuildError {
         descriptor_name: String,
     },
     /// One tool name is provided by two sources.
-    #[error("tool \"{name}\" is provided by both {first} and {second}; tool names must be unique per agent")]
+    #[error(
+        "tool \"{name}\" is provided by both {first} and {second}; tool names must be unique per agent"
+    )]
     DuplicateTool {
         /// The tool name.
         name: String,
@@ -152,10 +162,22 @@ pub struct AgentRuntimeBuilder {
 impl std::fmt::Debug for AgentRuntimeBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AgentRuntimeBuilder")
-            .field("agents", &self.agents.iter().map(|a| &a.id).collect::<Vec<_>>())
-            .field("tools", &self.tools.iter().map(|t| &t.0).collect::<Vec<_>>())
-            .field("plugins", &self.plugins.iter().map(|p| &p.0).collect::<Vec<_>>())
-            .field("providers", &self.providers.iter().map(|p| &p.0).collect::<Vec<_>>())
+            .field(
+                "agents",
+                &self.agents.iter().map(|a| &a.id).collect::<Vec<_>>(),
+            )
+            .field(
+                "tools",
+                &self.tools.iter().map(|t| &t.0).collect::<Vec<_>>(),
+            )
+            .field(
+                "plugins",
+                &self.plugins.iter().map(|p| &p.0).collect::<Vec<_>>(),
+            )
+            .field(
+                "providers",
+                &self.providers.iter().map(|p| &p.0).collect::<Vec<_>>(),
+            )
             .field("models", &self.models)
             .finish_non_exhaustive()
     }
@@ -297,13 +319,14 @@ impl AgentRuntimeBuilder {
                         plugin_id: plugin_id.clone(),
                     });
                 }
-                let plugin = plugins.get(plugin_id.as_str()).ok_or_else(|| {
-                    BuildError::UnknownPlugin {
-                        agent_id: spec.id.clone(),
-                        plugin_id: plugin_id.clone(),
-                        registered: list(plugins.keys().copied()),
-                    }
-                })?;
+                let plugin =
+                    plugins
+                        .get(plugin_id.as_str())
+                        .ok_or_else(|| BuildError::UnknownPlugin {
+                            agent_id: spec.id.clone(),
+                            plugin_id: plugin_id.clone(),
+                            registered: list(plugins.keys().copied()),
+                        })?;
                 registrar.set_plugin(plugin_id);
                 plugin
                     .register(&mut registrar)
@@ -316,9 +339,10 @@ impl AgentRuntimeBuilder {
             let mut tools: HashMap<String, Arc<dyn Tool>> = HashMap::new();
             let mut sources: HashMap<String, String> = HashMap::new();
             let mut descriptors = Vec::new();
-            let plugin_tools = registrar.tools.drain(..).map(|(plugin, name, tool)| {
-                (format!("plugin \"{plugin}\""), name, tool)
-            });
+            let plugin_tools = registrar
+                .tools
+                .drain(..)
+                .map(|(plugin, name, tool)| (format!("plugin \"{plugin}\""), name, tool));
             for (source, name, tool) in shared_tools.iter().cloned().chain(plugin_tools) {
                 let descriptor = tool.descriptor();
                 if descriptor.name != name {
@@ -359,10 +383,10 @@ impl AgentRuntimeBuilder {
     }
 }
 
-fn unique<'a, T: Clone>(
-    items: &'a [(String, T)],
+fn unique<T: Clone>(
+    items: &[(String, T)],
     duplicate: impl Fn(&str) -> BuildError,
-) -> Result<HashMap<&'a str, T>, BuildError> {
+) -> Result<HashMap<&str, T>, BuildError> {
     let mut map = HashMap::new();
     for (id, item) in items {
         if map.insert(id.as_str(), item.clone()).is_some() {

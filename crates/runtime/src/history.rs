@@ -100,7 +100,10 @@ mod tests {
         assert!(!is_valid(&h));
         assert_eq!(repair(&mut h, 0, "not run"), 2);
         assert!(is_valid(&h));
-        let ids: Vec<_> = h[2..].iter().map(|m| m.tool_call_id.clone().unwrap()).collect();
+        let ids: Vec<_> = h[2..]
+            .iter()
+            .map(|m| m.tool_call_id.clone().unwrap())
+            .collect();
         assert_eq!(ids, ["b", "a", "c"]);
         assert_eq!(h[3].content, "not run");
     }

@@ -83,7 +83,10 @@ impl std::fmt::Debug for PluginRegistrar {
             .field("plugin_id", &self.plugin_id)
             .field("keys", &self.keys)
             .field("hooks", &self.hooks.len())
-            .field("tools", &self.tools.iter().map(|t| &t.1).collect::<Vec<_>>())
+            .field(
+                "tools",
+                &self.tools.iter().map(|t| &t.1).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }

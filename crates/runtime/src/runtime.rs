@@ -29,13 +29,17 @@ use crate::thread_store::ThreadStore;
 #[non_exhaustive]
 pub enum RuntimeError {
     /// A run is already active on the thread (use the mailbox to interrupt it).
-    #[error("thread \"{thread_id}\" already has an active run; cancel it first or submit through the mailbox")]
+    #[error(
+        "thread \"{thread_id}\" already has an active run; cancel it first or submit through the mailbox"
+    )]
     ThreadAlreadyRunning {
         /// The thread.
         thread_id: String,
     },
     /// A run interrupted by the mailbox kept its thread past the cancel-wait bound.
-    #[error("run \"{run_id}\" on thread \"{thread_id}\" did not release the thread within the cancel-wait bound; nothing was submitted")]
+    #[error(
+        "run \"{run_id}\" on thread \"{thread_id}\" did not release the thread within the cancel-wait bound; nothing was submitted"
+    )]
     PreviousRunStuck {
         /// The thread.
         thread_id: String,
@@ -51,7 +55,9 @@ pub enum RuntimeError {
         known: String,
     },
     /// The request names no agent and the runtime has several (or none).
-    #[error("the request names no agent and the runtime has {count} agents; call RunRequest::with_agent_id with one of: {known}")]
+    #[error(
+        "the request names no agent and the runtime has {count} agents; call RunRequest::with_agent_id with one of: {known}"
+    )]
     AgentRequired {
         /// How many agents there are.
         count: usize,
@@ -106,18 +112,31 @@ impl Inner {
         let known = || {
             let mut ids: Vec<&str> = self.agents.keys().map(String::as_str).collect();
             ids.sort_unstable();
-            if ids.is_empty() { "none".to_owned() } else { ids.join(", ") }
+            if ids.is_empty() {
+                "none".to_owned()
+            } else {
+                ids.join(", ")
+            }
         };
         match &request.agent_id {
-            Some(id) => self.agents.get(id).cloned().ok_or_else(|| RuntimeError::UnknownAgent {
-                agent_id: id.clone(),
-                known: known(),
-            }),
-            None if self.agents.len() == 1 => {
-                Ok(self.agents.values().next().cloned().ok_or(RuntimeError::AgentRequired {
-                    count: 0,
+            Some(id) => self
+                .agents
+                .get(id)
+                .cloned()
+                .ok_or_else(|| RuntimeError::UnknownAgent {
+                    agent_id: id.clone(),
                     known: known(),
-                })?)
+                }),
+            None if self.agents.len() == 1 => {
+                Ok(self
+                    .agents
+                    .values()
+                    .next()
+                    .cloned()
+                    .ok_or(RuntimeError::AgentRequired {
+                        count: 0,
+                        known: known(),
+                    })?)
             }
             None => Err(RuntimeError::AgentRequired {
                 count: self.agents.len(),
@@ -143,7 +162,11 @@ impl Inner {
             Some(parent) => parent.child_token(),
             None => self.root.child_token(),
         };
-        let control = Arc::new(RunControl::new(run_id.clone(), request.thread_id.clone(), token));
+        let control = Arc::new(RunControl::new(
+            run_id.clone(),
+            request.thread_id.clone(),
+            token,
+        ));
         let slot = match self.registry.acquire(control.clone()) {
             Ok(slot) => slot,
             Err(_) => return Err(StartError::Busy(Box::new(request))),
@@ -178,12 +201,15 @@ impl Inner {
             async move {
                 // The slot lives exactly as long as this task's future.
                 let _slot = slot;
-                let outcome = AssertUnwindSafe(CURRENT_RUN.scope(task_run_id.clone(), execute(setup)))
-                    .catch_unwind()
-                    .await;
+                let outcome =
+                    AssertUnwindSafe(CURRENT_RUN.scope(task_run_id.clone(), execute(setup)))
+                        .catch_unwind()
+                        .await;
                 match outcome {
                     Ok(result) => result,
-                    Err(payload) => internal_failure(&task_run_id, &thread_id, &*sink, payload.as_ref()),
+                    Err(payload) => {
+                        internal_failure(&task_run_id, &thread_id, &*sink, payload.as_ref())
+                    }
                 }
             }
             .instrument(span),

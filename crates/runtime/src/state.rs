@@ -83,17 +83,25 @@ impl RunState {
     pub(crate) fn get<K: StateKey>(&self) -> Result<&K::Value, StateError> {
         self.slots
             .get(K::KEY)
-            .ok_or_else(|| StateError::UnknownKey { key: K::KEY.to_owned() })?
+            .ok_or_else(|| StateError::UnknownKey {
+                key: K::KEY.to_owned(),
+            })?
             .downcast_ref()
-            .ok_or_else(|| StateError::TypeMismatch { key: K::KEY.to_owned() })
+            .ok_or_else(|| StateError::TypeMismatch {
+                key: K::KEY.to_owned(),
+            })
     }
 
     pub(crate) fn get_mut<K: StateKey>(&mut self) -> Result<&mut K::Value, StateError> {
         self.slots
             .get_mut(K::KEY)
-            .ok_or_else(|| StateError::UnknownKey { key: K::KEY.to_owned() })?
+            .ok_or_else(|| StateError::UnknownKey {
+                key: K::KEY.to_owned(),
+            })?
             .downcast_mut()
-            .ok_or_else(|| StateError::TypeMismatch { key: K::KEY.to_owned() })
+            .ok_or_else(|| StateError::TypeMismatch {
+                key: K::KEY.to_owned(),
+            })
     }
 }
 
@@ -132,7 +140,12 @@ mod tests {
         let mut keys = Vec::new();
         register_key(&mut keys, KeyRegistration::of::<Counter>("a")).unwrap();
         let err = register_key(&mut keys, KeyRegistration::of::<Counter>("b")).unwrap_err();
-        assert_eq!(err, StateError::KeyAlreadyRegistered { key: "test.counter".into() });
+        assert_eq!(
+            err,
+            StateError::KeyAlreadyRegistered {
+                key: "test.counter".into()
+            }
+        );
     }
 
     #[test]
@@ -142,11 +155,15 @@ mod tests {
         let state = RunState::new(&keys);
         assert_eq!(
             state.get::<Unregistered>().unwrap_err(),
-            StateError::UnknownKey { key: "test.unregistered".into() }
+            StateError::UnknownKey {
+                key: "test.unregistered".into()
+            }
         );
         assert_eq!(
             state.get::<SameNameOtherType>().unwrap_err(),
-            StateError::TypeMismatch { key: "test.counter".into() }
+            StateError::TypeMismatch {
+                key: "test.counter".into()
+            }
         );
     }
 }

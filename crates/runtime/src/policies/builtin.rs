@@ -39,7 +39,10 @@ impl StopPolicy for MaxRoundsPolicy {
         if self.max_rounds > 0 && stats.step_count as usize >= self.max_rounds {
             stop(
                 "max_rounds",
-                format!("reached {} rounds (limit {})", stats.step_count, self.max_rounds),
+                format!(
+                    "reached {} rounds (limit {})",
+                    stats.step_count, self.max_rounds
+                ),
             )
         } else {
             StopDecision::Continue
@@ -67,7 +70,9 @@ impl StopPolicy for TokenBudgetPolicy {
     }
 
     fn evaluate(&self, stats: &StopPolicyStats) -> StopDecision {
-        let total = stats.total_input_tokens.saturating_add(stats.total_output_tokens);
+        let total = stats
+            .total_input_tokens
+            .saturating_add(stats.total_output_tokens);
         if self.max_total > 0 && total > self.max_total {
             stop(
                 "token_budget",
@@ -106,7 +111,10 @@ impl StopPolicy for TimeoutPolicy {
         if self.max_ms > 0 && stats.elapsed_ms > self.max_ms {
             stop(
                 "timeout",
-                format!("elapsed {} ms, over the limit of {} ms", stats.elapsed_ms, self.max_ms),
+                format!(
+                    "elapsed {} ms, over the limit of {} ms",
+                    stats.elapsed_ms, self.max_ms
+                ),
             )
         } else {
             StopDecision::Continue
@@ -169,8 +177,7 @@ impl StopPolicy for StopOnToolPolicy {
     }
 
     fn evaluate(&self, stats: &StopPolicyStats) -> StopDecision {
-        if !self.tool_name.is_empty() && stats.last_tool_names.iter().any(|n| *n == self.tool_name)
-        {
+        if !self.tool_name.is_empty() && stats.last_tool_names.contains(&self.tool_name) {
             stop(
                 "stop_on_tool",
                 format!("the model called the tool \"{}\"", self.tool_name),
@@ -256,7 +263,10 @@ impl StopPolicy for LoopDetectionPolicy {
             }
             stop(
                 "loop_detection",
-                format!("the last {} responses were identical: \"{snippet}\"", self.window),
+                format!(
+                    "the last {} responses were identical: \"{snippet}\"",
+                    self.window
+                ),
             )
         } else {
             StopDecision::Continue
@@ -318,19 +328,43 @@ mod tests {
     #[test]
     fn max_rounds_stops_at_the_limit_not_before() {
         let p = MaxRoundsPolicy::new(3);
-        assert_eq!(code(p.evaluate(&StopPolicyStats { step_count: 2, ..stats() })), None);
         assert_eq!(
-            code(p.evaluate(&StopPolicyStats { step_count: 3, ..stats() })).as_deref(),
+            code(p.evaluate(&StopPolicyStats {
+                step_count: 2,
+                ..stats()
+            })),
+            None
+        );
+        assert_eq!(
+            code(p.evaluate(&StopPolicyStats {
+                step_count: 3,
+                ..stats()
+            }))
+            .as_deref(),
             Some("max_rounds")
         );
-        assert_eq!(code(MaxRoundsPolicy::new(0).evaluate(&StopPolicyStats { step_count: 99, ..stats() })), None);
+        assert_eq!(
+            code(MaxRoundsPolicy::new(0).evaluate(&StopPolicyStats {
+                step_count: 99,
+                ..stats()
+            })),
+            None
+        );
     }
 
     #[test]
     fn token_budget_stops_only_above_the_limit() {
         let p = TokenBudgetPolicy::new(100);
-        let at = StopPolicyStats { total_input_tokens: 60, total_output_tokens: 40, ..stats() };
-        let over = StopPolicyStats { total_input_tokens: 60, total_output_tokens: 41, ..stats() };
+        let at = StopPolicyStats {
+            total_input_tokens: 60,
+            total_output_tokens: 40,
+            ..stats()
+        };
+        let over = StopPolicyStats {
+            total_input_tokens: 60,
+            total_output_tokens: 41,
+            ..stats()
+        };
         assert_eq!(code(p.evaluate(&at)), None);
         assert_eq!(code(p.evaluate(&over)).as_deref(), Some("token_budget"));
         assert_eq!(code(TokenBudgetPolicy::new(0).evaluate(&over)), None);
@@ -339,37 +373,81 @@ mod tests {
     #[test]
     fn timeout_stops_only_above_the_limit_in_milliseconds() {
         let p = TimeoutPolicy::new(1000);
-        assert_eq!(code(p.evaluate(&StopPolicyStats { elapsed_ms: 1000, ..stats() })), None);
         assert_eq!(
-            code(p.evaluate(&StopPolicyStats { elapsed_ms: 1001, ..stats() })).as_deref(),
+            code(p.evaluate(&StopPolicyStats {
+                elapsed_ms: 1000,
+                ..stats()
+            })),
+            None
+        );
+        assert_eq!(
+            code(p.evaluate(&StopPolicyStats {
+                elapsed_ms: 1001,
+                ..stats()
+            }))
+            .as_deref(),
             Some("timeout")
         );
-        assert_eq!(code(TimeoutPolicy::new(0).evaluate(&StopPolicyStats { elapsed_ms: u64::MAX, ..stats() })), None);
+        assert_eq!(
+            code(TimeoutPolicy::new(0).evaluate(&StopPolicyStats {
+                elapsed_ms: u64::MAX,
+                ..stats()
+            })),
+            None
+        );
     }
 
     #[test]
     fn consecutive_errors_stop_at_the_limit() {
         let p = ConsecutiveErrorsPolicy::new(3);
-        assert_eq!(code(p.evaluate(&StopPolicyStats { consecutive_errors: 2, ..stats() })), None);
         assert_eq!(
-            code(p.evaluate(&StopPolicyStats { consecutive_errors: 3, ..stats() })).as_deref(),
+            code(p.evaluate(&StopPolicyStats {
+                consecutive_errors: 2,
+                ..stats()
+            })),
+            None
+        );
+        assert_eq!(
+            code(p.evaluate(&StopPolicyStats {
+                consecutive_errors: 3,
+                ..stats()
+            }))
+            .as_deref(),
             Some("consecutive_errors")
         );
-        assert_eq!(code(ConsecutiveErrorsPolicy::new(0).evaluate(&StopPolicyStats { consecutive_errors: 9, ..stats() })), None);
+        assert_eq!(
+            code(ConsecutiveErrorsPolicy::new(0).evaluate(&StopPolicyStats {
+                consecutive_errors: 9,
+                ..stats()
+            })),
+            None
+        );
     }
 
     #[test]
     fn stop_on_tool_matches_the_exact_name() {
-        let s = StopPolicyStats { last_tool_names: vec!["finish".into()], ..stats() };
-        assert_eq!(code(StopOnToolPolicy::new("finish").evaluate(&s)).as_deref(), Some("stop_on_tool"));
+        let s = StopPolicyStats {
+            last_tool_names: vec!["finish".into()],
+            ..stats()
+        };
+        assert_eq!(
+            code(StopOnToolPolicy::new("finish").evaluate(&s)).as_deref(),
+            Some("stop_on_tool")
+        );
         assert_eq!(code(StopOnToolPolicy::new("Finish").evaluate(&s)), None);
         assert_eq!(code(StopOnToolPolicy::new("").evaluate(&s)), None);
     }
 
     #[test]
     fn content_match_matches_and_fails_closed_on_a_bad_regex() {
-        let s = StopPolicyStats { last_response_text: "All DONE here".into(), ..stats() };
-        assert_eq!(code(ContentMatchPolicy::new("(?i)done").evaluate(&s)).as_deref(), Some("content_match"));
+        let s = StopPolicyStats {
+            last_response_text: "All DONE here".into(),
+            ..stats()
+        };
+        assert_eq!(
+            code(ContentMatchPolicy::new("(?i)done").evaluate(&s)).as_deref(),
+            Some("content_match")
+        );
         assert_eq!(code(ContentMatchPolicy::new("^done$").evaluate(&s)), None);
         assert_eq!(code(ContentMatchPolicy::new("").evaluate(&s)), None);
         match ContentMatchPolicy::new("(unclosed").evaluate(&stats()) {
@@ -390,10 +468,19 @@ mod tests {
             ..stats()
         };
         assert_eq!(code(p.evaluate(&texts(&["a", "a"]))), None);
-        assert_eq!(code(p.evaluate(&texts(&["b", "a", "a", "a"]))).as_deref(), Some("loop_detection"));
+        assert_eq!(
+            code(p.evaluate(&texts(&["b", "a", "a", "a"]))).as_deref(),
+            Some("loop_detection")
+        );
         assert_eq!(code(p.evaluate(&texts(&["a", "a", "b"]))), None);
-        assert_eq!(code(LoopDetectionPolicy::new(1).evaluate(&texts(&["a", "a"]))), None);
-        assert_eq!(code(LoopDetectionPolicy::new(0).evaluate(&texts(&["a", "a"]))), None);
+        assert_eq!(
+            code(LoopDetectionPolicy::new(1).evaluate(&texts(&["a", "a"]))),
+            None
+        );
+        assert_eq!(
+            code(LoopDetectionPolicy::new(0).evaluate(&texts(&["a", "a"]))),
+            None
+        );
     }
 
     #[test]
@@ -403,8 +490,12 @@ mod tests {
             StopConditionSpec::Timeout { seconds: 2 },
             StopConditionSpec::TokenBudget { max_total: 100 },
             StopConditionSpec::ConsecutiveErrors { max: 3 },
-            StopConditionSpec::StopOnTool { tool_name: "finish".into() },
-            StopConditionSpec::ContentMatch { pattern: "x".into() },
+            StopConditionSpec::StopOnTool {
+                tool_name: "finish".into(),
+            },
+            StopConditionSpec::ContentMatch {
+                pattern: "x".into(),
+            },
             StopConditionSpec::LoopDetection { window: 3 },
         ];
         let policies = policies_from_specs(&specs);
@@ -412,9 +503,28 @@ mod tests {
         let kinds: Vec<_> = specs.iter().map(|s| s.kind().to_owned()).collect();
         assert_eq!(ids, kinds);
         let timeout = &policies[1];
-        assert_eq!(code(timeout.evaluate(&StopPolicyStats { elapsed_ms: 2000, ..stats() })), None);
-        assert_eq!(code(timeout.evaluate(&StopPolicyStats { elapsed_ms: 2001, ..stats() })).as_deref(), Some("timeout"));
+        assert_eq!(
+            code(timeout.evaluate(&StopPolicyStats {
+                elapsed_ms: 2000,
+                ..stats()
+            })),
+            None
+        );
+        assert_eq!(
+            code(timeout.evaluate(&StopPolicyStats {
+                elapsed_ms: 2001,
+                ..stats()
+            }))
+            .as_deref(),
+            Some("timeout")
+        );
         let huge = policies_from_specs(&[StopConditionSpec::Timeout { seconds: u64::MAX }]);
-        assert_eq!(code(huge[0].evaluate(&StopPolicyStats { elapsed_ms: u64::MAX, ..stats() })), None);
+        assert_eq!(
+            code(huge[0].evaluate(&StopPolicyStats {
+                elapsed_ms: u64::MAX,
+                ..stats()
+            })),
+            None
+        );
     }
 }

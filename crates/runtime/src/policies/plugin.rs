@@ -22,7 +22,9 @@ pub struct StopConditionPlugin {
 
 impl std::fmt::Debug for StopConditionPlugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.policies.iter().map(|p| p.id())).finish()
+        f.debug_list()
+            .entries(self.policies.iter().map(|p| p.id()))
+            .finish()
     }
 }
 

@@ -64,9 +64,11 @@ pub(crate) fn record_inference(
         InferenceRecord::Succeeded(response) => {
             stats.consecutive_errors = 0;
             if let Some(usage) = response.usage {
-                stats.total_input_tokens = stats.total_input_tokens.saturating_add(usage.input_tokens);
-                stats.total_output_tokens =
-                    stats.total_output_tokens.saturating_add(usage.output_tokens);
+                stats.total_input_tokens =
+                    stats.total_input_tokens.saturating_add(usage.input_tokens);
+                stats.total_output_tokens = stats
+                    .total_output_tokens
+                    .saturating_add(usage.output_tokens);
             }
             stats
                 .last_tool_names
@@ -117,7 +119,11 @@ mod tests {
     #[test]
     fn unknown_usage_adds_nothing_and_empty_texts_are_not_recent() {
         let mut s = StopPolicyStats::default();
-        record_inference(&mut s, InferenceRecord::Succeeded(&response("", &["t"], None)), 0);
+        record_inference(
+            &mut s,
+            InferenceRecord::Succeeded(&response("", &["t"], None)),
+            0,
+        );
         assert_eq!((s.total_input_tokens, s.total_output_tokens), (0, 0));
         assert!(s.recent_response_texts.is_empty());
     }
@@ -126,7 +132,11 @@ mod tests {
     fn recent_texts_keep_the_newest_sixty_four() {
         let mut s = StopPolicyStats::default();
         for i in 0..70 {
-            record_inference(&mut s, InferenceRecord::Succeeded(&response(&i.to_string(), &[], None)), 0);
+            record_inference(
+                &mut s,
+                InferenceRecord::Succeeded(&response(&i.to_string(), &[], None)),
+                0,
+            );
         }
         assert_eq!(s.recent_response_texts.len(), RECENT_RESPONSES_KEPT);
         assert_eq!(s.recent_response_texts[0], "6");

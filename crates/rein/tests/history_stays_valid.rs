@@ -1,0 +1,177 @@
+//! Invariant 3: after any run ends, every assistant tool call in the thread's
+//! history has exactly one result; calls that did not run say so.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use proptest::prelude::*;
+use rein::contract::inference::InferenceError;
+use rein::prelude::*;
+use serde_json::json;
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_mid_stream_keeps_the_partial_text_marked_interrupted() {
+    let model = ScriptedExecutor::new(vec![
+        ScriptedResponse::text("one two three four five six")
+            .with_chunk_delay(Duration::from_millis(100)),
+    ]);
+    let model = Arc::new(model);
+    let runtime = AgentRuntimeBuilder::new()
+        .with_agent_spec(spec().with_model_id("m"))
+        .with_model(ModelSpec::new("m", "p", "x"))
+        .with_provider("p", model.clone())
+        .build()
+        .unwrap();
+    let canceller = runtime.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        canceller.cancel_by_thread("t");
+    });
+    let r = runtime.run_to_completion(user("t", "go")).await.unwrap();
+    assert_eq!(r.termination, TerminationReason::Cancelled);
+    assert_eq!(r.response, "one two three ");
+    assert_eq!(
+        model.served_chunks(),
+        3,
+        "the rest of the stream was never read"
+    );
+    let history = runtime.thread_messages("t").await;
+    assert_eq!(history.len(), 2);
+    assert_eq!(history[1].content, "one two three ");
+    assert!(history[1].interrupted);
+    assert_history_valid(&history);
+}
+
+#[tokio::test]
+async fn cancelling_during_tools_answers_every_call() {
+    let gate = Gate::new(false);
+    let entered = gate.entered.clone();
+    let model = ScriptedExecutor::new(vec![ScriptedResponse::tool_calls(vec![
+        ("echo", json!({})),
+        ("gate", json!({})),
+    ])]);
+    let runtime = builder_with(model, spec())
+        .with_tool("gate", Arc::new(gate))
+        .with_tool("echo", Arc::new(Echo("echo")))
+        .build()
+        .unwrap();
+    let canceller = runtime.clone();
+    tokio::spawn(async move {
+        entered.notified().await;
+        canceller.cancel_by_thread("t");
+    });
+    let r = runtime.run_to_completion(user("t", "go")).await.unwrap();
+    assert_eq!(r.termination, TerminationReason::Cancelled);
+    let history = runtime.thread_messages("t").await;
+    assert_history_valid(&history);
+    let results = tool_results(&history);
+    assert_eq!(
+        results[0].1, r#"{"echo":{}}"#,
+        "a call that finished keeps its result"
+    );
+    assert_eq!(
+        results[1].1,
+        "cancelled: the run was cancelled before this call finished"
+    );
+}
+
+#[tokio::test]
+async fn unanswered_calls_in_the_input_are_answered_before_the_run() {
+    let model = ScriptedExecutor::new(vec![ScriptedResponse::text("ok")]);
+    let runtime = builder_with(model, spec()).build().unwrap();
+    let input = vec![
+        Message::assistant_with_tools("", vec![ToolCall::new("x1", "echo", json!({}))]),
+        Message::user("continue"),
+    ];
+    runtime
+        .run_to_completion(RunRequest::new("t", input))
+        .await
+        .unwrap();
+    let history = runtime.thread_messages("t").await;
+    assert_history_valid(&history);
+    assert_eq!(
+        history[1].content,
+        "not run: this call had no result in the input"
+    );
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Text,
+    Calls(usize),
+    TextAndCalls(usize),
+    Retryable,
+    Fatal,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        Just(Step::Text),
+        (1usize..4).prop_map(Step::Calls),
+        (1usize..4).prop_map(Step::TextAndCalls),
+        Just(Step::Retryable),
+        Just(Step::Fatal),
+    ]
+}
+
+fn response(step: &Step) -> ScriptedResponse {
+    let calls = |n: usize| {
+        (0..n)
+            .map(|i| ("echo", json!({ "i": i })))
+            .collect::<Vec<_>>()
+    };
+    match step {
+        Step::Text => ScriptedResponse::text("plain answer"),
+        Step::Calls(n) => ScriptedResponse::tool_calls(calls(*n)),
+        Step::TextAndCalls(n) => {
+            let mut r = ScriptedResponse::text("finish now");
+            for (name, args) in calls(*n) {
+                r = r.with_tool_call(name, args);
+            }
+            r
+        }
+        Step::Retryable => ScriptedResponse::error(InferenceError::server("flaky")),
+        Step::Fatal => ScriptedResponse::error(InferenceError::invalid_request("bad")),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Whatever the model does and whichever policy stops it, the history
+    /// stays valid and the run reports exactly one RunFinished.
+    #[test]
+    fn any_script_leaves_a_valid_history(
+        steps in prop::collection::vec(step(), 1..8),
+        max_rounds in 0usize..6,
+        stop_on_tool in any::<bool>(),
+        content_match in any::<bool>(),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+        rt.block_on(async {
+            let model = ScriptedExecutor::new(steps.iter().map(response).collect());
+            let mut s = spec().with_max_rounds(max_rounds);
+            if stop_on_tool {
+                s = s.with_stop_condition(StopConditionSpec::StopOnTool { tool_name: "echo".into() });
+            }
+            if content_match {
+                s = s.with_stop_condition(StopConditionSpec::ContentMatch { pattern: "finish".into() });
+            }
+            let runtime = builder_with(model, s)
+                .with_tool("echo", Arc::new(Echo("echo")))
+                .with_retry_backoff(Duration::from_millis(1), Duration::from_millis(1))
+                .build()
+                .unwrap();
+            let sink = Arc::new(CollectingSink::new());
+            runtime.run(user("t", "go"), sink.clone()).await.unwrap();
+            assert_history_valid(&runtime.thread_messages("t").await);
+            assert_one_run_finished_last(&sink.events());
+            assert!(!runtime.is_thread_active("t"));
+        });
+    }
+}
