@@ -117,3 +117,8 @@ pub mod prelude {
         Tool, ToolContext, ToolDescriptor, ToolError, ToolOutput,
     };
 }
+
+/// The README's code, compiled as a doc test so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+mod readme {}
