@@ -25,8 +25,10 @@ use crate::message::{Message, TokenUsage, ToolCall};
 use crate::tool::ToolDescriptor;
 
 /// Which tools the model may or must call.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+///
+/// Serialized as `"auto"`, `"none"`, `"required"` or `{ "tool": NAME }` (the
+/// same shape in YAML).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum ToolChoice {
     /// The model decides.
     #[default]
@@ -37,6 +39,64 @@ pub enum ToolChoice {
     Required,
     /// This tool must be called.
     Tool(String),
+}
+
+impl Serialize for ToolChoice {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match self {
+            Self::Auto => s.serialize_str("auto"),
+            Self::None => s.serialize_str("none"),
+            Self::Required => s.serialize_str("required"),
+            Self::Tool(name) => {
+                let mut map = s.serialize_map(Some(1))?;
+                map.serialize_entry("tool", name)?;
+                map.end()
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ToolChoice;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("auto, none, required or { tool: NAME }")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ToolChoice, E> {
+                match v {
+                    "auto" => Ok(ToolChoice::Auto),
+                    "none" => Ok(ToolChoice::None),
+                    "required" => Ok(ToolChoice::Required),
+                    other => Err(E::custom(format!(
+                        "unknown tool_choice \"{other}\"; expected auto, none, required or {{ tool: NAME }}"
+                    ))),
+                }
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ToolChoice, A::Error> {
+                let key: String = map
+                    .next_key()?
+                    .ok_or_else(|| serde::de::Error::custom("expected { tool: NAME }"))?;
+                if key != "tool" {
+                    return Err(serde::de::Error::unknown_field(&key, &["tool"]));
+                }
+                let name: String = map.next_value()?;
+                if map.next_key::<String>()?.is_some() {
+                    return Err(serde::de::Error::custom("expected exactly one key, `tool`"));
+                }
+                Ok(ToolChoice::Tool(name))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// One inference request.
@@ -385,5 +445,15 @@ mod tests {
             serde_json::to_value(ToolChoice::Tool("search".into())).unwrap(),
             serde_json::json!({"tool": "search"})
         );
+        for choice in [
+            ToolChoice::Auto,
+            ToolChoice::None,
+            ToolChoice::Required,
+            ToolChoice::Tool("x".into()),
+        ] {
+            let yaml = serde_yaml::to_string(&choice).unwrap();
+            assert_eq!(serde_yaml::from_str::<ToolChoice>(&yaml).unwrap(), choice);
+        }
+        assert!(serde_json::from_str::<ToolChoice>("\"sometimes\"").is_err());
     }
 }

@@ -20,7 +20,7 @@
 //! - **Event sinks** ([`event`]) observe a run as it happens.
 //!
 //! Phases ([`phase`]) and typed per-run state keys ([`state`]) are the
-//! vocabulary of the runtime's plugin system.
+//! vocabulary of the runtime's plugin system; [`config`] loads specs from YAML.
 //!
 //! **Invariant:** this crate depends on no async runtime and no HTTP client
 //! (tokio enters only through `tokio-util`'s cancellation token).
@@ -35,6 +35,7 @@
 //! assert_eq!(json, r#"{"type":"natural_end"}"#);
 //! ```
 
+pub mod config;
 pub mod event;
 pub mod inference;
 pub mod lifecycle;

@@ -1,0 +1,744 @@
+//! Loading agent specs and stop conditions from YAML (or JSON, which YAML
+//! accepts), with validation and positions.
+//!
+//! # Document forms
+//!
+//! - Stop conditions: a YAML list of items, or a mapping whose only key is
+//!   `stop_conditions:` holding that list. Each item is tagged by `type`
+//!   (see [`StopConditionSpec`]).
+//! - An agent spec: a mapping with `id` (required), `model_id`,
+//!   `system_prompt`, `max_rounds` (default 16), `plugin_ids` (default []),
+//!   `stop_conditions` (default []) and `tool_choice` (default `auto`).
+//!
+//! Unknown and misspelt keys are errors. [`ConfigError::line`] and
+//! [`ConfigError::column`] (1-based) point at the offending key, at the value
+//! for a wrong type or an out-of-range value, and at the item for a missing
+//! field or an unknown `type`.
+//!
+//! # Validation bounds
+//!
+//! | field | accepted |
+//! |---|---|
+//! | `timeout.seconds` | 0 (disabled) ..= 86400 (24 h) |
+//! | `token_budget.max_total` | 0 (disabled) ..= 1 000 000 000 |
+//! | `content_match.pattern` | at most 1024 characters, a valid `regex` (empty disables) |
+//! | `loop_detection.window` | 0 (disabled) or 2 ..= 64 |
+//!
+//! ```
+//! use rein_runtime_contract::config::load_stop_conditions_yaml;
+//! use rein_runtime_contract::lifecycle::StopConditionSpec;
+//!
+//! let specs = load_stop_conditions_yaml("- { type: max_rounds, rounds: 10 }\n- { type: timeout, seconds: 300 }\n").unwrap();
+//! assert_eq!(specs[1], StopConditionSpec::Timeout { seconds: 300 });
+//!
+//! let err = load_stop_conditions_yaml("- type: max_rounds\n  rounds: 10\n- type: timeout\n  secondz: 5\n").unwrap_err();
+//! assert_eq!((err.line(), err.column()), (Some(4), Some(3)));
+//! ```
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+use crate::inference::ToolChoice;
+use crate::lifecycle::StopConditionSpec;
+use crate::spec::AgentSpec;
+
+/// The largest accepted `timeout.seconds` (24 hours).
+pub const MAX_TIMEOUT_SECONDS: u64 = 24 * 60 * 60;
+/// The largest accepted `token_budget.max_total`.
+pub const MAX_TOKEN_BUDGET: u64 = 1_000_000_000;
+/// The longest accepted `content_match.pattern`, in characters.
+pub const MAX_PATTERN_CHARS: usize = 1024;
+/// The largest accepted `loop_detection.window`.
+pub const MAX_LOOP_WINDOW: usize = 64;
+
+/// A configuration document that could not be loaded: what is wrong, and
+/// where (file, 1-based line and column) when known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    message: String,
+    line: Option<usize>,
+    column: Option<usize>,
+    path: Option<PathBuf>,
+}
+
+impl ConfigError {
+    /// An error without a position.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            line: None,
+            column: None,
+            path: None,
+        }
+    }
+
+    /// An error at a 1-based line and column.
+    pub fn at(message: impl Into<String>, line: usize, column: usize) -> Self {
+        Self {
+            line: Some(line),
+            column: Some(column),
+            ..Self::new(message)
+        }
+    }
+
+    /// What is wrong, without the position.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The 1-based line of the offending key, value or item.
+    pub fn line(&self) -> Option<usize> {
+        self.line
+    }
+
+    /// The 1-based column of the offending key, value or item.
+    pub fn column(&self) -> Option<usize> {
+        self.column
+    }
+
+    /// The file, for errors from the `*_file` loaders.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    fn with_path(mut self, path: &Path) -> Self {
+        self.path = Some(path.to_owned());
+        self
+    }
+
+    fn from_yaml(e: &serde_yaml::Error) -> Self {
+        let text = e.to_string();
+        match e.location() {
+            Some(loc) => {
+                let suffix = format!(" at line {} column {}", loc.line(), loc.column());
+                let message = text.strip_suffix(&suffix).unwrap_or(&text).to_owned();
+                Self::at(message, loc.line(), loc.column())
+            }
+            None => Self::new(text),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(path) = &self.path {
+            write!(f, "{}: ", path.display())?;
+        }
+        if let (Some(line), Some(column)) = (self.line, self.column) {
+            write!(f, "line {line}, column {column}: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Loads stop conditions from a YAML (or JSON) string.
+///
+/// # Errors
+///
+/// A [`ConfigError`] naming the problem and its position: invalid YAML, an
+/// unknown `type`, an unknown, missing or mistyped field, or a value out of
+/// the bounds in the module docs.
+pub fn load_stop_conditions_yaml(text: &str) -> Result<Vec<StopConditionSpec>, ConfigError> {
+    let kinds = match parse_value(text)? {
+        serde_yaml::Value::Mapping(m) => {
+            m.get("stop_conditions").map(item_kinds).unwrap_or_default()
+        }
+        other => item_kinds(&other),
+    };
+    StopConditionsDocSeed { kinds: &kinds }
+        .deserialize(serde_yaml::Deserializer::from_str(text))
+        .map_err(|e| ConfigError::from_yaml(&e))
+}
+
+/// Loads stop conditions from a YAML (or JSON) file.
+///
+/// # Errors
+///
+/// As for [`load_stop_conditions_yaml`], with the file's path; or the file
+/// cannot be read.
+pub fn load_stop_conditions_file(
+    path: impl AsRef<Path>,
+) -> Result<Vec<StopConditionSpec>, ConfigError> {
+    let path = path.as_ref();
+    load_stop_conditions_yaml(&read(path)?).map_err(|e| e.with_path(path))
+}
+
+/// Loads an agent spec from a YAML (or JSON) string.
+///
+/// # Errors
+///
+/// A [`ConfigError`] naming the problem and its position: invalid YAML, a
+/// missing `id`, an unknown or mistyped key, or an invalid stop condition.
+pub fn load_agent_spec_yaml(text: &str) -> Result<AgentSpec, ConfigError> {
+    let kinds = match parse_value(text)? {
+        serde_yaml::Value::Mapping(m) => {
+            m.get("stop_conditions").map(item_kinds).unwrap_or_default()
+        }
+        _ => Vec::new(),
+    };
+    serde_yaml::Deserializer::from_str(text)
+        .deserialize_map(AgentSpecVisitor { kinds: &kinds })
+        .map_err(|e| ConfigError::from_yaml(&e))
+}
+
+/// Loads an agent spec from a YAML (or JSON) file.
+///
+/// # Errors
+///
+/// As for [`load_agent_spec_yaml`], with the file's path; or the file cannot
+/// be read.
+pub fn load_agent_spec_file(path: impl AsRef<Path>) -> Result<AgentSpec, ConfigError> {
+    let path = path.as_ref();
+    load_agent_spec_yaml(&read(path)?).map_err(|e| e.with_path(path))
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new(format!("cannot read the file: {e}")).with_path(path))
+}
+
+/// First pass: the document as a value, to learn each item's `type` (the
+/// second pass keeps positions but must know the type before the fields).
+fn parse_value(text: &str) -> Result<serde_yaml::Value, ConfigError> {
+    serde_yaml::from_str(text).map_err(|e| ConfigError::from_yaml(&e))
+}
+
+fn item_kinds(list: &serde_yaml::Value) -> Vec<Option<String>> {
+    match list {
+        serde_yaml::Value::Sequence(items) => items
+            .iter()
+            .map(|item| item.get("type").and_then(|t| t.as_str()).map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The stop condition `type` names, in declaration order.
+pub const STOP_CONDITION_TYPES: [&str; 7] = [
+    "max_rounds",
+    "timeout",
+    "token_budget",
+    "consecutive_errors",
+    "stop_on_tool",
+    "content_match",
+    "loop_detection",
+];
+
+struct StopConditionsDocSeed<'k> {
+    kinds: &'k [Option<String>],
+}
+
+impl<'de> DeserializeSeed<'de> for StopConditionsDocSeed<'_> {
+    type Value = Vec<StopConditionSpec>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StopConditionsDocSeed<'_> {
+    type Value = Vec<StopConditionSpec>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of stop conditions, or a mapping with a `stop_conditions` list")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        ListSeed { kinds: self.kinds }.visit_seq(seq)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut specs = None;
+        while map.next_key_seed(KeySeed(&["stop_conditions"]))?.is_some() {
+            if specs.is_some() {
+                return Err(de::Error::duplicate_field("stop_conditions"));
+            }
+            specs = Some(map.next_value_seed(ListSeed { kinds: self.kinds })?);
+        }
+        specs.ok_or_else(|| de::Error::missing_field("stop_conditions"))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Vec::new())
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Vec::new())
+    }
+}
+
+/// A mapping key that must be one of `self.0`; an unknown key is reported
+/// at the key itself.
+struct KeySeed(&'static [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for KeySeed {
+    type Value = &'static str;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_identifier(self)
+    }
+}
+
+impl Visitor<'_> for KeySeed {
+    type Value = &'static str;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<&'static str, E> {
+        self.0
+            .iter()
+            .find(|k| **k == v)
+            .copied()
+            .ok_or_else(|| E::unknown_field(v, self.0))
+    }
+}
+
+/// A list of stop-condition items whose types are known from the first pass.
+struct ListSeed<'k> {
+    kinds: &'k [Option<String>],
+}
+
+impl<'de> DeserializeSeed<'de> for ListSeed<'_> {
+    type Value = Vec<StopConditionSpec>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ListSeed<'_> {
+    type Value = Vec<StopConditionSpec>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of stop conditions")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut specs = Vec::new();
+        let mut i = 0;
+        loop {
+            let kind = self.kinds.get(i).and_then(|k| k.as_deref());
+            match seq.next_element_seed(ItemSeed { kind })? {
+                Some(spec) => specs.push(spec),
+                None => return Ok(specs),
+            }
+            i += 1;
+        }
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Vec::new())
+    }
+}
+
+/// One item, deserialized as the plain struct of its (known) type so that
+/// key and value positions survive.
+struct ItemSeed<'k> {
+    kind: Option<&'k str>,
+}
+
+impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
+    type Value = StopConditionSpec;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        Ok(match self.kind {
+            Some("max_rounds") => {
+                let i = items::MaxRounds::deserialize(d)?;
+                StopConditionSpec::MaxRounds { rounds: i.rounds }
+            }
+            Some("timeout") => {
+                let i = items::Timeout::deserialize(d)?;
+                StopConditionSpec::Timeout {
+                    seconds: i.seconds.0,
+                }
+            }
+            Some("token_budget") => {
+                let i = items::TokenBudget::deserialize(d)?;
+                StopConditionSpec::TokenBudget {
+                    max_total: i.max_total.0,
+                }
+            }
+            Some("consecutive_errors") => {
+                let i = items::ConsecutiveErrors::deserialize(d)?;
+                StopConditionSpec::ConsecutiveErrors { max: i.max }
+            }
+            Some("stop_on_tool") => {
+                let i = items::StopOnTool::deserialize(d)?;
+                StopConditionSpec::StopOnTool {
+                    tool_name: i.tool_name,
+                }
+            }
+            Some("content_match") => {
+                let i = items::ContentMatch::deserialize(d)?;
+                StopConditionSpec::ContentMatch {
+                    pattern: i.pattern.0,
+                }
+            }
+            Some("loop_detection") => {
+                let i = items::LoopDetection::deserialize(d)?;
+                StopConditionSpec::LoopDetection { window: i.window.0 }
+            }
+            // Unknown or missing: report it at the `type` value (or the item).
+            _ => {
+                items::TypeOnly::deserialize(d)?;
+                return Err(de::Error::custom("invalid stop condition item"));
+            }
+        })
+    }
+}
+
+/// The plain item structs: `deny_unknown_fields`, accepting `type`, with
+/// range checks inside visitors so errors point at the value.
+mod items {
+    use super::*;
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct MaxRounds {
+        #[serde(rename = "type")]
+        _type: de::IgnoredAny,
+        pub(super) rounds: usize,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Timeout {
+        #[serde(rename = "type")]
+        _type: de::IgnoredAny,
+        pub(super) seconds: Seconds,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct TokenBudget {
+        #[serde(rename = "type")]
+        _type: de::IgnoredAny,
+        pub(super) max_total: Budget,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct ConsecutiveErrors {
+        #[serde(rename = "type")]
+        _type: de::IgnoredAny,
+        pub(super) max: usize,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct StopOnTool {
+        #[serde(rename = "type")]
+        _type: de::IgnoredAny,
+        pub(super) tool_name: String,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct ContentMatch {
+        #[serde(rename = "type")]
+        _type: de::IgnoredAny,
+        pub(super) pattern: Pattern,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct LoopDetection {
+        #[serde(rename = "type")]
+        _type: de::IgnoredAny,
+        pub(super) window: Window,
+    }
+
+    /// Only the `type` field, to report an unknown or missing type.
+    #[derive(Deserialize)]
+    pub(super) struct TypeOnly {
+        #[serde(rename = "type")]
+        _type: KnownType,
+    }
+
+    struct KnownType;
+
+    impl<'de> Deserialize<'de> for KnownType {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_str(KnownTypeVisitor)
+        }
+    }
+
+    struct KnownTypeVisitor;
+
+    impl Visitor<'_> for KnownTypeVisitor {
+        type Value = KnownType;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a stop condition type")
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<KnownType, E> {
+            Err(E::custom(format!(
+                "unknown stop condition type \"{v}\"; expected one of: {}",
+                STOP_CONDITION_TYPES.join(", ")
+            )))
+        }
+    }
+
+    /// Defines a newtype whose visitor checks an unsigned value.
+    macro_rules! checked_uint {
+        ($name:ident, $ty:ty, $what:literal, |$v:ident| $ok:expr, $rule:literal) => {
+            pub(super) struct $name(pub(super) $ty);
+
+            impl<'de> Deserialize<'de> for $name {
+                fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                    struct V;
+                    impl Visitor<'_> for V {
+                        type Value = $name;
+                        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                            f.write_str($what)
+                        }
+                        fn visit_u64<E: de::Error>(self, $v: u64) -> Result<$name, E> {
+                            if $ok {
+                                <$ty>::try_from($v)
+                                    .map($name)
+                                    .map_err(|_| E::custom(format!("{} is too large", $v)))
+                            } else {
+                                Err(E::custom(format!("{} is out of range: {}", $v, $rule)))
+                            }
+                        }
+                        fn visit_i64<E: de::Error>(self, v: i64) -> Result<$name, E> {
+                            match u64::try_from(v) {
+                                Ok(v) => self.visit_u64(v),
+                                Err(_) => Err(E::custom(format!("{v} is out of range: {}", $rule))),
+                            }
+                        }
+                    }
+                    d.deserialize_u64(V)
+                }
+            }
+        };
+    }
+
+    checked_uint!(
+        Seconds,
+        u64,
+        "a number of seconds",
+        |v| v <= MAX_TIMEOUT_SECONDS,
+        "timeout seconds must be at most 86400 (24 h); 0 disables"
+    );
+    checked_uint!(
+        Budget,
+        usize,
+        "a number of tokens",
+        |v| v <= MAX_TOKEN_BUDGET,
+        "max_total must be at most 1000000000; 0 disables"
+    );
+    checked_uint!(
+        Window,
+        usize,
+        "a window size",
+        |v| v == 0 || (2..=MAX_LOOP_WINDOW as u64).contains(&v),
+        "window must be 0 (disabled) or 2 to 64"
+    );
+
+    pub(super) struct Pattern(pub(super) String);
+
+    impl<'de> Deserialize<'de> for Pattern {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_str(PatternVisitor)
+        }
+    }
+
+    struct PatternVisitor;
+
+    impl Visitor<'_> for PatternVisitor {
+        type Value = Pattern;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a regular expression")
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Pattern, E> {
+            let chars = v.chars().count();
+            if chars > MAX_PATTERN_CHARS {
+                return Err(E::custom(format!(
+                    "the pattern is {chars} characters long; at most {MAX_PATTERN_CHARS} are accepted"
+                )));
+            }
+            if !v.is_empty() {
+                regex::Regex::new(v)
+                    .map_err(|e| E::custom(format!("invalid regex \"{v}\": {e}")))?;
+            }
+            Ok(Pattern(v.to_owned()))
+        }
+    }
+}
+
+/// The keys of an agent spec document.
+const AGENT_SPEC_KEYS: &[&str] = &[
+    "id",
+    "model_id",
+    "system_prompt",
+    "max_rounds",
+    "plugin_ids",
+    "stop_conditions",
+    "tool_choice",
+];
+
+struct AgentSpecVisitor<'k> {
+    kinds: &'k [Option<String>],
+}
+
+impl<'de> Visitor<'de> for AgentSpecVisitor<'_> {
+    type Value = AgentSpec;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an agent spec mapping")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AgentSpec, A::Error> {
+        let mut id: Option<String> = None;
+        let mut spec = AgentSpec::new("");
+        let mut seen: Vec<&'static str> = Vec::new();
+        while let Some(known) = map.next_key_seed(KeySeed(AGENT_SPEC_KEYS))? {
+            if seen.contains(&known) {
+                return Err(de::Error::duplicate_field(known));
+            }
+            seen.push(known);
+            match known {
+                "id" => id = Some(map.next_value()?),
+                "model_id" => spec.model_id = map.next_value()?,
+                "system_prompt" => spec.system_prompt = map.next_value()?,
+                "max_rounds" => spec.max_rounds = map.next_value()?,
+                "plugin_ids" => spec.plugin_ids = map.next_value()?,
+                "stop_conditions" => {
+                    spec.stop_conditions = map.next_value_seed(ListSeed { kinds: self.kinds })?;
+                }
+                _ => spec.tool_choice = map.next_value::<ToolChoice>()?,
+            }
+        }
+        spec.id = id.ok_or_else(|| de::Error::missing_field("id"))?;
+        Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(e: &ConfigError) -> (usize, usize) {
+        (e.line().unwrap_or(0), e.column().unwrap_or(0))
+    }
+
+    #[test]
+    fn every_variant_loads_from_the_documented_shape() {
+        let specs = load_stop_conditions_yaml(
+            "stop_conditions:\n\
+             \x20 - { type: max_rounds, rounds: 10 }\n\
+             \x20 - { type: timeout, seconds: 300 }\n\
+             \x20 - { type: token_budget, max_total: 100000 }\n\
+             \x20 - { type: consecutive_errors, max: 3 }\n\
+             \x20 - { type: stop_on_tool, tool_name: finish }\n\
+             \x20 - { type: content_match, pattern: \"(?i)done\" }\n\
+             \x20 - { type: loop_detection, window: 3 }\n",
+        )
+        .unwrap();
+        let kinds: Vec<&str> = specs.iter().map(StopConditionSpec::kind).collect();
+        assert_eq!(kinds, STOP_CONDITION_TYPES);
+    }
+
+    #[test]
+    fn a_misspelt_key_is_reported_at_the_key() {
+        let e = load_stop_conditions_yaml(
+            "- type: max_rounds\n  rounds: 2\n- type: timeout\n  secondz: 5\n",
+        )
+        .unwrap_err();
+        assert_eq!(at(&e), (4, 3));
+        assert!(e.message().contains("unknown field `secondz`"), "{e}");
+        assert_eq!(e.to_string(), format!("line 4, column 3: {}", e.message()));
+    }
+
+    #[test]
+    fn out_of_range_values_are_reported_at_the_value() {
+        let e = load_stop_conditions_yaml("- type: timeout\n  seconds: 90000\n").unwrap_err();
+        assert_eq!(at(&e), (2, 12));
+        assert!(e.message().contains("at most 86400"), "{e}");
+        let e = load_stop_conditions_yaml("- {type: loop_detection, window: 1}").unwrap_err();
+        assert!(e.message().contains("0 (disabled) or 2 to 64"), "{e}");
+        let e =
+            load_stop_conditions_yaml("- {type: token_budget, max_total: 1000000001}").unwrap_err();
+        assert!(e.message().contains("at most 1000000000"), "{e}");
+    }
+
+    #[test]
+    fn an_invalid_regex_is_reported_at_the_pattern() {
+        let e =
+            load_stop_conditions_yaml("- type: content_match\n  pattern: \"(open\"\n").unwrap_err();
+        assert_eq!(at(&e), (2, 12));
+        assert!(e.message().contains("invalid regex \"(open\""), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_type_is_reported_and_names_the_known_types() {
+        let e = load_stop_conditions_yaml("- type: max_round\n  rounds: 3\n").unwrap_err();
+        assert_eq!(at(&e).0, 1);
+        assert!(
+            e.message().contains(
+                "unknown stop condition type \"max_round\"; expected one of: max_rounds,"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_missing_field_is_reported_at_the_item() {
+        let e = load_stop_conditions_yaml("- type: max_rounds\n  rounds: 1\n- type: timeout\n")
+            .unwrap_err();
+        assert_eq!(at(&e), (3, 3));
+        assert!(e.message().contains("missing field `seconds`"), "{e}");
+        let e = load_stop_conditions_yaml("- rounds: 3\n").unwrap_err();
+        assert!(e.message().contains("missing field `type`"), "{e}");
+    }
+
+    #[test]
+    fn a_wrong_type_is_reported_at_the_value() {
+        let e = load_stop_conditions_yaml("- type: max_rounds\n  rounds: lots\n").unwrap_err();
+        assert_eq!(at(&e), (2, 11));
+    }
+
+    #[test]
+    fn agent_specs_load_with_defaults_and_reject_unknown_keys() {
+        let spec = load_agent_spec_yaml("id: triage\nmodel_id: m\n").unwrap();
+        assert_eq!(spec.max_rounds, 16);
+        assert!(spec.plugin_ids.is_empty());
+        assert_eq!(spec.tool_choice, ToolChoice::Auto);
+        let e = load_agent_spec_yaml("id: triage\nmax_round: 3\n").unwrap_err();
+        assert_eq!(at(&e), (2, 1));
+        let e = load_agent_spec_yaml("model_id: m\n").unwrap_err();
+        assert!(e.message().contains("missing field `id`"), "{e}");
+        let e =
+            load_agent_spec_yaml("id: a\nstop_conditions:\n  - type: timeout\n    seconds: -1\n")
+                .unwrap_err();
+        assert_eq!(at(&e), (4, 14));
+    }
+
+    #[test]
+    fn json_documents_load_too() {
+        let specs = load_stop_conditions_yaml(r#"[{"type": "max_rounds", "rounds": 4}]"#).unwrap();
+        assert_eq!(specs, [StopConditionSpec::MaxRounds { rounds: 4 }]);
+        let spec =
+            load_agent_spec_yaml(r#"{"id": "a", "tool_choice": {"tool": "search"}}"#).unwrap();
+        assert_eq!(spec.tool_choice, ToolChoice::Tool("search".into()));
+    }
+
+    #[test]
+    fn empty_documents_are_empty_lists_and_garbage_is_an_error() {
+        assert!(load_stop_conditions_yaml("").unwrap().is_empty());
+        assert!(load_stop_conditions_yaml("[").is_err());
+        assert!(load_stop_conditions_yaml("42").is_err());
+        assert!(load_agent_spec_yaml("- a").is_err());
+    }
+}
