@@ -125,3 +125,8 @@ pub mod prelude {
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 mod readme {}
+
+/// The stop-policies how-to's code, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/stop-policies.md")]
+mod stop_policies_doc {}

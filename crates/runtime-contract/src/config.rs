@@ -109,17 +109,57 @@ impl ConfigError {
         self
     }
 
-    fn from_yaml(e: &serde_yaml::Error) -> Self {
+    /// Converts a serde_yaml error: its position becomes ours, and its path
+    /// prefix (`.stop_conditions[1].seconds: `) becomes words naming the item
+    /// and its `type` (from `kinds`) and the field.
+    fn from_yaml(e: &serde_yaml::Error, kinds: &[Option<String>]) -> Self {
         let text = e.to_string();
-        match e.location() {
+        let (text, position) = match e.location() {
             Some(loc) => {
                 let suffix = format!(" at line {} column {}", loc.line(), loc.column());
-                let message = text.strip_suffix(&suffix).unwrap_or(&text).to_owned();
-                Self::at(message, loc.line(), loc.column())
+                let text = text.strip_suffix(&suffix).unwrap_or(&text).to_owned();
+                (text, Some((loc.line(), loc.column())))
             }
-            None => Self::new(text),
+            None => (text, None),
+        };
+        let message = describe_path(&text, kinds);
+        match position {
+            Some((line, column)) => Self::at(message, line, column),
+            None => Self::new(message),
         }
     }
+}
+
+/// Rewrites serde_yaml's `.<path>: message` prefix into words.
+fn describe_path(text: &str, kinds: &[Option<String>]) -> String {
+    let is_path = |p: &str| {
+        !p.is_empty()
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.[]".contains(c))
+    };
+    let Some((path, message)) = text.split_once(": ").filter(|(p, _)| is_path(p)) else {
+        return text.to_owned();
+    };
+    let path = path.trim_start_matches('.');
+    let path = path.strip_prefix("stop_conditions").unwrap_or(path);
+    if let Some(rest) = path.strip_prefix('[') {
+        if let Some((index, field)) = rest.split_once(']') {
+            if let Ok(i) = index.parse::<usize>() {
+                let kind = match kinds.get(i).and_then(Option::as_deref) {
+                    Some(kind) => format!(" ({kind})"),
+                    None => String::new(),
+                };
+                let field = field.trim_start_matches('.');
+                let field = if field.is_empty() {
+                    String::new()
+                } else {
+                    format!(", field `{field}`")
+                };
+                return format!("stop condition #{}{kind}{field}: {message}", i + 1);
+            }
+        }
+    }
+    format!("field `{path}`: {message}")
 }
 
 impl fmt::Display for ConfigError {
@@ -152,7 +192,7 @@ pub fn load_stop_conditions_yaml(text: &str) -> Result<Vec<StopConditionSpec>, C
     };
     StopConditionsDocSeed { kinds: &kinds }
         .deserialize(serde_yaml::Deserializer::from_str(text))
-        .map_err(|e| ConfigError::from_yaml(&e))
+        .map_err(|e| ConfigError::from_yaml(&e, &kinds))
 }
 
 /// Loads stop conditions from a YAML (or JSON) file.
@@ -183,7 +223,7 @@ pub fn load_agent_spec_yaml(text: &str) -> Result<AgentSpec, ConfigError> {
     };
     serde_yaml::Deserializer::from_str(text)
         .deserialize_map(AgentSpecVisitor { kinds: &kinds })
-        .map_err(|e| ConfigError::from_yaml(&e))
+        .map_err(|e| ConfigError::from_yaml(&e, &kinds))
 }
 
 /// Loads an agent spec from a YAML (or JSON) file.
@@ -205,7 +245,7 @@ fn read(path: &Path) -> Result<String, ConfigError> {
 /// First pass: the document as a value, to learn each item's `type` (the
 /// second pass keeps positions but must know the type before the fields).
 fn parse_value(text: &str) -> Result<serde_yaml::Value, ConfigError> {
-    serde_yaml::from_str(text).map_err(|e| ConfigError::from_yaml(&e))
+    serde_yaml::from_str(text).map_err(|e| ConfigError::from_yaml(&e, &[]))
 }
 
 fn item_kinds(list: &serde_yaml::Value) -> Vec<Option<String>> {
@@ -657,8 +697,10 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(at(&e), (4, 3));
-        assert!(e.message().contains("unknown field `secondz`"), "{e}");
-        assert_eq!(e.to_string(), format!("line 4, column 3: {}", e.message()));
+        assert_eq!(
+            e.to_string(),
+            "line 4, column 3: stop condition #2 (timeout): unknown field `secondz`, expected `type` or `seconds`"
+        );
     }
 
     #[test]
