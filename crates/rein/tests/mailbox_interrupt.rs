@@ -88,3 +88,127 @@ async fn concurrent_submissions_to_one_thread_never_collide_and_each_message_lan
     }
     assert!(!runtime.is_thread_active("t"));
 }
+
+/// A `RunEnd` hook that takes ten seconds, ignoring cancellation.
+#[derive(Clone)]
+struct SlowCleanup;
+#[async_trait::async_trait]
+impl PhaseHook for SlowCleanup {
+    async fn run(&self, _ctx: &mut PhaseContext<'_>) -> Result<(), HookError> {
+        tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+        Ok(())
+    }
+}
+impl Plugin for SlowCleanup {
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), StateError> {
+        r.register_hook(Phase::RunEnd, Arc::new(self.clone()));
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_that_will_not_let_go_makes_the_submission_fail_and_append_nothing() {
+    let gate = Gate::new(true);
+    let entered = gate.entered.clone();
+    let model = ScriptedExecutor::new(vec![ScriptedResponse::tool_call("gate", json!({}))]);
+    let runtime = builder_with(model, spec().with_plugin_id("slow"))
+        .with_plugin("slow", Arc::new(SlowCleanup))
+        .with_tool("gate", Arc::new(gate))
+        .with_cancel_wait_timeout(std::time::Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let mailbox = runtime.mailbox();
+    let first = mailbox.submit(user("t", "first")).await.unwrap();
+    entered.notified().await;
+    let err = mailbox.submit(user("t", "second")).await.unwrap_err();
+    assert_eq!(
+        err,
+        RuntimeError::PreviousRunStuck {
+            thread_id: "t".into(),
+            run_id: first.run_id().to_owned()
+        }
+    );
+    let first = first.wait().await.unwrap();
+    assert!(matches!(
+        first.cancel_cause,
+        Some(CancelCause::Interrupted { .. })
+    ));
+    let texts: Vec<String> = runtime
+        .thread_messages("t")
+        .await
+        .into_iter()
+        .map(|m| m.content)
+        .collect();
+    assert!(!texts.contains(&"second".to_owned()), "{texts:?}");
+}
+
+#[tokio::test]
+async fn mailbox_runs_stream_their_events_to_the_requests_sink() {
+    let model = ScriptedExecutor::new(vec![ScriptedResponse::text("streamed answer")]);
+    let default_sink = Arc::new(CollectingSink::new());
+    let runtime = builder_with(model, spec())
+        .with_event_sink(default_sink.clone())
+        .build()
+        .unwrap();
+    let sink = Arc::new(CollectingSink::new());
+    let handle = runtime
+        .mailbox()
+        .submit(user("t", "go").with_event_sink(sink.clone()))
+        .await
+        .unwrap();
+    let run_id = handle.run_id().to_owned();
+    handle.wait().await.unwrap();
+    let events = sink.events();
+    assert!(events.iter().all(|e| e.run_id() == run_id));
+    let deltas: String = events
+        .iter()
+        .filter_map(|e| match e {
+            rein::contract::event::AgentEvent::TextDelta { delta, .. } => Some(delta.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deltas, "streamed answer");
+    assert_one_run_finished_last(&events);
+    assert!(default_sink.events().is_empty());
+}
+
+#[tokio::test]
+async fn different_threads_run_concurrently_and_shutdown_stops_them_all() {
+    let gate = Gate::new(true);
+    let entered = gate.entered.clone();
+    let model =
+        ScriptedExecutor::new(vec![ScriptedResponse::tool_call("gate", json!({}))]).repeat_last();
+    let runtime = builder_with(model, spec())
+        .with_tool("gate", Arc::new(gate))
+        .build()
+        .unwrap();
+    let mut handles = Vec::new();
+    for t in 0..5 {
+        handles.push(
+            runtime
+                .mailbox()
+                .submit(user(&format!("t{t}"), "go"))
+                .await
+                .unwrap(),
+        );
+        entered.notified().await;
+    }
+    assert!(
+        (0..5).all(|t| runtime.is_thread_active(&format!("t{t}"))),
+        "five runs active at once"
+    );
+    runtime.shutdown().await;
+    assert!((0..5).all(|t| !runtime.is_thread_active(&format!("t{t}"))));
+    for h in handles {
+        let r = h.wait().await.unwrap();
+        assert_eq!(r.cancel_cause, Some(CancelCause::Shutdown));
+    }
+    assert_eq!(
+        runtime
+            .mailbox()
+            .submit(user("t9", "late"))
+            .await
+            .unwrap_err(),
+        RuntimeError::ShutDown
+    );
+}
