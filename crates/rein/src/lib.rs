@@ -126,6 +126,11 @@ pub mod prelude {
 #[doc = include_str!("../../../README.md")]
 mod readme {}
 
+/// The cancellation guide's code, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/cancellation.md")]
+mod cancellation_doc {}
+
 /// The stop-policies how-to's code, compiled as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../../../docs/stop-policies.md")]
