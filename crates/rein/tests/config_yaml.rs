@@ -177,6 +177,68 @@ fn zero_values_load_and_mean_disabled() {
     assert_eq!(specs.len(), 4);
 }
 
+#[test]
+fn loop_detectors_load_with_defaults_and_bounds() {
+    use rein::contract::lifecycle::OnDetect;
+    let specs = load_stop_conditions_yaml(
+        "- type: tool_call_loop\n- type: content_chanting\n  on_detect: nudge_then_stop\n- type: stuck\n- {type: tool_call_loop, threshold: 3, max_cycle: 2}\n",
+    )
+    .unwrap();
+    assert_eq!(
+        specs,
+        [
+            StopConditionSpec::ToolCallLoop {
+                threshold: 5,
+                max_cycle: 5,
+                on_detect: OnDetect::Stop
+            },
+            StopConditionSpec::ContentChanting {
+                chunk_chars: 50,
+                threshold: 10,
+                on_detect: OnDetect::NudgeThenStop
+            },
+            StopConditionSpec::Stuck { duplicates: 2 },
+            StopConditionSpec::ToolCallLoop {
+                threshold: 3,
+                max_cycle: 2,
+                on_detect: OnDetect::Stop
+            },
+        ]
+    );
+    let cases: &[(&str, &str)] = &[
+        (
+            "- {type: tool_call_loop, threshold: 1}",
+            "threshold must be 0 (disabled) or at least 2",
+        ),
+        (
+            "- {type: tool_call_loop, max_cycle: 17}",
+            "max_cycle must be 0 (disabled) or 1 to 16",
+        ),
+        (
+            "- {type: content_chanting, chunk_chars: 7}",
+            "chunk_chars must be 0 (disabled) or 8 to 1000",
+        ),
+        (
+            "- {type: content_chanting, chunk_chars: 1001}",
+            "chunk_chars must be 0 (disabled) or 8 to 1000",
+        ),
+        (
+            "- {type: content_chanting, on_detect: nudge}",
+            "unknown variant `nudge`",
+        ),
+        ("- {type: stuck, duplicate: 2}", "unknown field `duplicate`"),
+    ];
+    for (yaml, needle) in cases {
+        let e = load_stop_conditions_yaml(yaml).unwrap_err();
+        assert!(e.message().contains(needle), "{yaml}: {e}");
+        assert_eq!(e.line(), Some(1), "{yaml}: {e}");
+    }
+    let zeros = load_stop_conditions_yaml(
+        "- {type: tool_call_loop, threshold: 0, max_cycle: 0}\n- {type: content_chanting, chunk_chars: 0, threshold: 0}\n- {type: stuck, duplicates: 0}\n",
+    );
+    assert_eq!(zeros.unwrap().len(), 3);
+}
+
 fn spec_strategy() -> impl Strategy<Value = StopConditionSpec> {
     prop_oneof![
         any::<u32>().prop_map(|n| StopConditionSpec::MaxRounds { rounds: n as usize }),
@@ -192,7 +254,40 @@ fn spec_strategy() -> impl Strategy<Value = StopConditionSpec> {
         .prop_map(|pattern| StopConditionSpec::ContentMatch { pattern }),
         prop_oneof![Just(0usize), 2usize..=64]
             .prop_map(|window| StopConditionSpec::LoopDetection { window }),
+        (
+            prop_oneof![Just(0usize), 2usize..100],
+            0usize..=16,
+            any::<bool>()
+        )
+            .prop_map(|(threshold, max_cycle, nudge)| {
+                StopConditionSpec::ToolCallLoop {
+                    threshold,
+                    max_cycle,
+                    on_detect: on_detect(nudge),
+                }
+            }),
+        (
+            prop_oneof![Just(0usize), 8usize..=1000],
+            prop_oneof![Just(0usize), 2usize..100],
+            any::<bool>()
+        )
+            .prop_map(|(chunk_chars, threshold, nudge)| {
+                StopConditionSpec::ContentChanting {
+                    chunk_chars,
+                    threshold,
+                    on_detect: on_detect(nudge),
+                }
+            }),
+        (0usize..10).prop_map(|duplicates| StopConditionSpec::Stuck { duplicates }),
     ]
+}
+
+fn on_detect(nudge: bool) -> rein::contract::lifecycle::OnDetect {
+    if nudge {
+        rein::contract::lifecycle::OnDetect::NudgeThenStop
+    } else {
+        rein::contract::lifecycle::OnDetect::Stop
+    }
 }
 
 proptest! {

@@ -23,6 +23,14 @@
 //! | `token_budget.max_total` | 0 (disabled) ..= 1 000 000 000 |
 //! | `content_match.pattern` | at most 1024 characters, a valid `regex` (empty disables) |
 //! | `loop_detection.window` | 0 (disabled) or 2 ..= 64 |
+//! | `tool_call_loop.threshold`, `content_chanting.threshold` | 0 (disabled) or ≥ 2 |
+//! | `tool_call_loop.max_cycle` | 0 (disabled) or 1 ..= 16 |
+//! | `content_chanting.chunk_chars` | 0 (disabled) or 8 ..= 1000 |
+//! | `stuck.duplicates` | 0 (disabled) or ≥ 1 |
+//!
+//! Fields with defaults may be omitted: `tool_call_loop` (threshold 5,
+//! max_cycle 5, on_detect stop), `content_chanting` (chunk_chars 50,
+//! threshold 10, on_detect stop), `stuck` (duplicates 2).
 //!
 //! ```
 //! use rein_runtime_contract::config::load_stop_conditions_yaml;
@@ -42,7 +50,7 @@ use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::inference::ToolChoice;
-use crate::lifecycle::StopConditionSpec;
+use crate::lifecycle::{OnDetect, StopConditionSpec};
 use crate::spec::AgentSpec;
 
 /// The largest accepted `timeout.seconds` (24 hours).
@@ -53,6 +61,12 @@ pub const MAX_TOKEN_BUDGET: u64 = 1_000_000_000;
 pub const MAX_PATTERN_CHARS: usize = 1024;
 /// The largest accepted `loop_detection.window`.
 pub const MAX_LOOP_WINDOW: usize = 64;
+/// The largest accepted `tool_call_loop.max_cycle`.
+pub const MAX_CYCLE: usize = 16;
+/// The smallest accepted non-zero `content_chanting.chunk_chars`.
+pub const MIN_CHUNK_CHARS: usize = 8;
+/// The largest accepted `content_chanting.chunk_chars`.
+pub const MAX_CHUNK_CHARS: usize = 1000;
 
 /// A configuration document that could not be loaded: what is wrong, and
 /// where (file, 1-based line and column) when known.
@@ -259,7 +273,7 @@ fn item_kinds(list: &serde_yaml::Value) -> Vec<Option<String>> {
 }
 
 /// The stop condition `type` names, in declaration order.
-pub const STOP_CONDITION_TYPES: [&str; 7] = [
+pub const STOP_CONDITION_TYPES: [&str; 10] = [
     "max_rounds",
     "timeout",
     "token_budget",
@@ -267,6 +281,9 @@ pub const STOP_CONDITION_TYPES: [&str; 7] = [
     "stop_on_tool",
     "content_match",
     "loop_detection",
+    "tool_call_loop",
+    "content_chanting",
+    "stuck",
 ];
 
 struct StopConditionsDocSeed<'k> {
@@ -425,6 +442,28 @@ impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
                 let i = items::LoopDetection::deserialize(d)?;
                 StopConditionSpec::LoopDetection { window: i.window.0 }
             }
+            Some("tool_call_loop") => {
+                let i = items::ToolCallLoop::deserialize(d)?;
+                StopConditionSpec::ToolCallLoop {
+                    threshold: i.threshold.0,
+                    max_cycle: i.max_cycle.0,
+                    on_detect: i.on_detect,
+                }
+            }
+            Some("content_chanting") => {
+                let i = items::ContentChanting::deserialize(d)?;
+                StopConditionSpec::ContentChanting {
+                    chunk_chars: i.chunk_chars.0,
+                    threshold: i.threshold.0,
+                    on_detect: i.on_detect,
+                }
+            }
+            Some("stuck") => {
+                let i = items::Stuck::deserialize(d)?;
+                StopConditionSpec::Stuck {
+                    duplicates: i.duplicates,
+                }
+            }
             // Unknown or missing: report it at the `type` value (or the item).
             _ => {
                 items::TypeOnly::deserialize(d)?;
@@ -493,6 +532,66 @@ mod items {
         #[serde(rename = "type")]
         _type: de::IgnoredAny,
         pub(super) window: Window,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct ToolCallLoop {
+        #[serde(rename = "type")]
+        _type: de::IgnoredAny,
+        #[serde(default = "Threshold::default_tool_calls")]
+        pub(super) threshold: Threshold,
+        #[serde(default = "Cycle::default_cycle")]
+        pub(super) max_cycle: Cycle,
+        #[serde(default)]
+        pub(super) on_detect: OnDetect,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct ContentChanting {
+        #[serde(rename = "type")]
+        _type: de::IgnoredAny,
+        #[serde(default = "ChunkChars::default_chunk")]
+        pub(super) chunk_chars: ChunkChars,
+        #[serde(default = "Threshold::default_chanting")]
+        pub(super) threshold: Threshold,
+        #[serde(default)]
+        pub(super) on_detect: OnDetect,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Stuck {
+        #[serde(rename = "type")]
+        _type: de::IgnoredAny,
+        #[serde(default = "default_duplicates")]
+        pub(super) duplicates: usize,
+    }
+
+    fn default_duplicates() -> usize {
+        2
+    }
+
+    impl Threshold {
+        fn default_tool_calls() -> Self {
+            Self(5)
+        }
+        fn default_chanting() -> Self {
+            Self(10)
+        }
+    }
+
+    impl Cycle {
+        fn default_cycle() -> Self {
+            Self(5)
+        }
+    }
+
+    impl ChunkChars {
+        fn default_chunk() -> Self {
+            Self(50)
+        }
     }
 
     /// Only the `type` field, to report an unknown or missing type.
@@ -582,6 +681,28 @@ mod items {
         "a window size",
         |v| v == 0 || (2..=MAX_LOOP_WINDOW as u64).contains(&v),
         "window must be 0 (disabled) or 2 to 64"
+    );
+
+    checked_uint!(
+        Threshold,
+        usize,
+        "a repetition count",
+        |v| v != 1,
+        "threshold must be 0 (disabled) or at least 2"
+    );
+    checked_uint!(
+        Cycle,
+        usize,
+        "a cycle length",
+        |v| v <= MAX_CYCLE as u64,
+        "max_cycle must be 0 (disabled) or 1 to 16"
+    );
+    checked_uint!(
+        ChunkChars,
+        usize,
+        "a chunk length",
+        |v| v == 0 || (MIN_CHUNK_CHARS as u64..=MAX_CHUNK_CHARS as u64).contains(&v),
+        "chunk_chars must be 0 (disabled) or 8 to 1000"
     );
 
     pub(super) struct Pattern(pub(super) String);

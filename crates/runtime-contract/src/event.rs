@@ -4,6 +4,7 @@
 //! JSON object tagged by `type`, so a run can be written out as JSONL. Every
 //! run's last event is exactly one [`AgentEvent::RunFinished`].
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
@@ -110,6 +111,10 @@ pub enum AgentEvent {
         steps: u32,
         /// The sum of the usage providers reported.
         usage: TokenUsage,
+        /// Values emitted through `emit_output`, by name (empty without the
+        /// outputs plugin).
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        outputs: BTreeMap<String, serde_json::Value>,
     },
 }
 

@@ -8,13 +8,42 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// What a loop detector does when it fires.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDetect {
+    /// End the run at the first detection.
+    #[default]
+    Stop,
+    /// The first detection adds a corrective user message (a nudge) before
+    /// the next inference and resets the detector; the second ends the run.
+    NudgeThenStop,
+}
+
+fn default_tool_call_loop_threshold() -> usize {
+    5
+}
+fn default_max_cycle() -> usize {
+    5
+}
+fn default_chunk_chars() -> usize {
+    50
+}
+fn default_chanting_threshold() -> usize {
+    10
+}
+fn default_stuck_duplicates() -> usize {
+    2
+}
+
 /// A declarative stop condition, as written in YAML or JSON.
 ///
 /// Serialized internally tagged by `type` in snake case, e.g.
 /// `{ type: max_rounds, rounds: 10 }`. A limit of 0 (or an empty name or
-/// pattern) disables the condition.
+/// pattern) disables the condition. Fields with defaults may be omitted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
 pub enum StopConditionSpec {
     /// Stop once `rounds` inferences have been made (`step_count >= rounds`).
     MaxRounds {
@@ -52,6 +81,41 @@ pub enum StopConditionSpec {
         /// How many identical responses in a row stop the run.
         window: usize,
     },
+    /// Stop when the same cycle of tool calls (1 to `max_cycle` calls, each
+    /// keyed by name, canonical arguments and result) repeats `threshold`
+    /// times in a row. Checked after each round's tool results are recorded.
+    ToolCallLoop {
+        /// Repetitions that make a loop (default 5; at least 2; 0 disables).
+        #[serde(default = "default_tool_call_loop_threshold")]
+        threshold: usize,
+        /// The longest cycle looked for (default 5; 1 to 16; 0 disables).
+        #[serde(default = "default_max_cycle")]
+        max_cycle: usize,
+        /// Stop at once, or nudge first (default stop).
+        #[serde(default)]
+        on_detect: OnDetect,
+    },
+    /// Stop when one `chunk_chars`-character chunk recurs `threshold` times
+    /// close together inside one streamed answer. Checked while the answer
+    /// streams; the stream is dropped when it fires.
+    ContentChanting {
+        /// Chunk length in characters (default 50; 8 to 1000; 0 disables).
+        #[serde(default = "default_chunk_chars")]
+        chunk_chars: usize,
+        /// Recurrences that make a loop (default 10; at least 2; 0 disables).
+        #[serde(default = "default_chanting_threshold")]
+        threshold: usize,
+        /// Stop at once, or nudge first (default stop).
+        #[serde(default)]
+        on_detect: OnDetect,
+    },
+    /// When the newest response text equals `duplicates` earlier ones of the
+    /// run, nudge once; stop on the next repeat.
+    Stuck {
+        /// Earlier equal texts that make the run stuck (default 2; 0 disables).
+        #[serde(default = "default_stuck_duplicates")]
+        duplicates: usize,
+    },
 }
 
 impl StopConditionSpec {
@@ -65,6 +129,9 @@ impl StopConditionSpec {
             Self::StopOnTool { .. } => "stop_on_tool",
             Self::ContentMatch { .. } => "content_match",
             Self::LoopDetection { .. } => "loop_detection",
+            Self::ToolCallLoop { .. } => "tool_call_loop",
+            Self::ContentChanting { .. } => "content_chanting",
+            Self::Stuck { .. } => "stuck",
         }
     }
 }
@@ -244,6 +311,34 @@ mod tests {
             );
             assert_eq!(spec.kind(), serde_json::to_value(&spec).unwrap()["type"]);
         }
+    }
+
+    #[test]
+    fn loop_detector_fields_have_defaults() {
+        let spec: StopConditionSpec =
+            serde_json::from_value(json!({"type": "tool_call_loop"})).unwrap();
+        assert_eq!(
+            spec,
+            StopConditionSpec::ToolCallLoop {
+                threshold: 5,
+                max_cycle: 5,
+                on_detect: OnDetect::Stop
+            }
+        );
+        let spec: StopConditionSpec = serde_json::from_value(
+            json!({"type": "content_chanting", "on_detect": "nudge_then_stop"}),
+        )
+        .unwrap();
+        assert_eq!(
+            spec,
+            StopConditionSpec::ContentChanting {
+                chunk_chars: 50,
+                threshold: 10,
+                on_detect: OnDetect::NudgeThenStop
+            }
+        );
+        let spec: StopConditionSpec = serde_json::from_value(json!({"type": "stuck"})).unwrap();
+        assert_eq!(spec, StopConditionSpec::Stuck { duplicates: 2 });
     }
 
     #[test]

@@ -43,6 +43,12 @@ pub enum StateError {
         /// The key.
         key: String,
     },
+    /// A plugin was configured with values it cannot work with.
+    #[error("invalid plugin configuration: {message}")]
+    InvalidConfig {
+        /// What is wrong and how to fix it.
+        message: String,
+    },
     /// The key is registered with a different value type.
     #[error("state key \"{key}\" holds a different value type than the one requested")]
     TypeMismatch {

@@ -12,8 +12,18 @@ use rein_runtime_contract::spec::{AgentSpec, ModelSpec};
 use rein_runtime_contract::tool::{Tool, ToolDescriptor};
 
 use crate::plugin::HookEntry;
-use crate::policies::{MaxRoundsPolicy, StopPolicy, policies_from_specs};
+use crate::policies::{MaxRoundsPolicy, StopPolicy, stats_policy};
 use crate::state::KeyRegistration;
+
+/// One check of the built-in guard after each inference, in
+/// `stop_conditions` order, then `max_rounds`.
+#[derive(Clone)]
+pub(crate) enum GuardItem {
+    /// A policy over the statistics.
+    Policy(Arc<dyn StopPolicy>),
+    /// The run's `index`-th stuck detector.
+    Stuck(usize),
+}
 
 /// Everything one run of an agent needs, shared by all its runs.
 pub(crate) struct Agent {
@@ -26,7 +36,7 @@ pub(crate) struct Agent {
     pub(crate) hooks: [Vec<HookEntry>; 8],
     pub(crate) keys: Vec<KeyRegistration>,
     /// The built-in guard: `spec.stop_conditions` in list order, then `max_rounds`.
-    pub(crate) guard: Vec<Arc<dyn StopPolicy>>,
+    pub(crate) guard: Vec<GuardItem>,
     /// The shortest `timeout` stop condition, as a deadline for work in flight.
     pub(crate) deadline: Option<Duration>,
 }
@@ -49,11 +59,26 @@ impl Agent {
         &self.hooks[phase.index()]
     }
 
-    /// The built-in guard's policies for `spec`.
-    pub(crate) fn guard_policies(spec: &AgentSpec) -> Vec<Arc<dyn StopPolicy>> {
-        let mut guard = policies_from_specs(&spec.stop_conditions);
+    /// The built-in guard's checks for `spec`: the statistics policies and
+    /// stuck detectors of `stop_conditions` in list order, then `max_rounds`.
+    /// (The other detectors run at their own points; see `detectors`.)
+    pub(crate) fn guard_items(spec: &AgentSpec) -> Vec<GuardItem> {
+        let mut stuck = 0;
+        let mut guard: Vec<GuardItem> = spec
+            .stop_conditions
+            .iter()
+            .filter_map(|s| match s {
+                StopConditionSpec::Stuck { .. } => {
+                    stuck += 1;
+                    Some(GuardItem::Stuck(stuck - 1))
+                }
+                other => stats_policy(other).map(GuardItem::Policy),
+            })
+            .collect();
         if spec.max_rounds > 0 {
-            guard.push(Arc::new(MaxRoundsPolicy::new(spec.max_rounds)));
+            guard.push(GuardItem::Policy(Arc::new(MaxRoundsPolicy::new(
+                spec.max_rounds,
+            ))));
         }
         guard
     }

@@ -36,7 +36,7 @@ use rein_runtime_contract::inference::{
     InferenceDelta, InferenceError, InferenceErrorKind, InferenceRequest, InferenceResponse,
     ToolChoice,
 };
-use rein_runtime_contract::lifecycle::TerminationReason;
+use rein_runtime_contract::lifecycle::{StoppedReason, TerminationReason};
 use rein_runtime_contract::message::{Message, TokenUsage, ToolCall, ToolResult};
 use rein_runtime_contract::phase::Phase;
 use rein_runtime_contract::tool::{Tool, ToolContext};
@@ -44,10 +44,12 @@ use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::Instant;
 
 use crate::active_runs::{CURRENT_RUN, RunControl};
-use crate::agent::Agent;
+use crate::agent::{Agent, GuardItem};
+use crate::detectors::{Detectors, Verdict};
 use crate::history;
 use crate::phase::{Directives, HookFailure, PhaseContext, RunIdentity, dispatch, panic_message};
-use crate::policies::{InferenceRecord, StopStatsKey, first_stop, record_inference};
+use crate::plugins::EmittedOutputs;
+use crate::policies::{InferenceRecord, StopDecision, StopStatsKey, record_inference};
 use crate::run::AgentRunResult;
 use crate::state::RunState;
 use crate::thread_store::{ThreadStore, ThreadStoreError};
@@ -127,6 +129,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
             agent_id: agent.spec.id.clone(),
         },
         deadline: agent.deadline.map(|d| started + d),
+        detectors: Detectors::new(&agent.spec.stop_conditions),
         agent,
         control,
         sink,
@@ -160,6 +163,9 @@ enum Inference {
     Failed(InferenceError),
     /// Cancelled (or past the deadline) mid-inference; the text streamed so far.
     Interrupted(InferenceResponse),
+    /// A streaming detector fired; the stream was dropped. The text so far
+    /// and the detector's verdict.
+    Cut(InferenceResponse, Verdict),
 }
 
 /// What a hook dispatch focuses on besides the run.
@@ -186,6 +192,7 @@ struct Run {
     directives: Directives,
     started: Instant,
     deadline: Option<Instant>,
+    detectors: Detectors,
     steps: u32,
     usage: TokenUsage,
     usage_complete: bool,
@@ -312,6 +319,8 @@ impl Run {
                 return self.cancelled_reason();
             }
             self.steps += 1;
+            // A request for another round applies to the round it was made in.
+            self.directives.another_round = false;
             self.emit(AgentEvent::StepStarted {
                 run_id: self.id.run_id.clone(),
                 thread_id: self.id.thread_id.clone(),
@@ -346,6 +355,14 @@ impl Run {
                         return reason;
                     }
                 }
+                Inference::Cut(mut partial, verdict) => {
+                    // Calls of a cut answer are incomplete; they are not run.
+                    partial.tool_calls.clear();
+                    self.apply_verdict(verdict);
+                    if let Some(reason) = self.after_inference(partial).await {
+                        return reason;
+                    }
+                }
             }
         }
     }
@@ -372,19 +389,57 @@ impl Run {
         }
     }
 
+    /// Acts on a detector's verdict: a nudge joins the history before the
+    /// next inference (and the run goes on); a stop is requested unless an
+    /// earlier one was.
+    fn apply_verdict(&mut self, verdict: Verdict) {
+        match verdict {
+            Verdict::Nudge(text) => {
+                self.directives.user_messages.push(text);
+                self.directives.another_round = true;
+            }
+            Verdict::Stop(reason) => {
+                self.directives
+                    .termination
+                    .get_or_insert(TerminationReason::Stopped(reason));
+            }
+        }
+    }
+
     /// Evaluates the built-in guard unless a stop is already requested.
     fn apply_guard(&mut self, failed: Option<&InferenceError>) {
         if self.directives.termination.is_some() {
             return;
         }
-        let Ok(stats) = self.state.get::<StopStatsKey>() else {
-            return;
-        };
-        if let Some(mut reason) = first_stop(&self.agent.guard, stats) {
-            if let (Some(error), "max_rounds") = (failed, reason.code.as_str()) {
-                reason.detail = format!("{}; the last round failed: {error}", reason.detail);
+        let agent = self.agent.clone();
+        for item in &agent.guard {
+            let Ok(stats) = self.state.get::<StopStatsKey>() else {
+                return;
+            };
+            let verdict = match item {
+                GuardItem::Policy(policy) => match policy.evaluate(stats) {
+                    StopDecision::Continue => None,
+                    StopDecision::Stop { code, mut detail } => {
+                        if let (Some(error), "max_rounds") = (failed, code.as_str()) {
+                            detail = format!("{detail}; the last round failed: {error}");
+                        }
+                        Some(Verdict::Stop(StoppedReason { code, detail }))
+                    }
+                },
+                GuardItem::Stuck(i) => self
+                    .detectors
+                    .stuck
+                    .get_mut(*i)
+                    .and_then(|d| d.check(stats)),
+            };
+            match verdict {
+                Some(Verdict::Stop(reason)) => {
+                    self.apply_verdict(Verdict::Stop(reason));
+                    return;
+                }
+                Some(nudge) => self.apply_verdict(nudge),
+                None => {}
             }
-            self.directives.termination = Some(TerminationReason::Stopped(reason));
         }
     }
 
@@ -393,15 +448,21 @@ impl Run {
     async fn infer(&mut self) -> Inference {
         let executor = self.agent.executor.clone();
         let mut partial = InferenceResponse::default();
+        let mut cut = None;
+        self.detectors.start_response();
         let outcome = {
             let request = &self.request;
             let sink = &self.sink;
             let id = &self.id;
             let partial = &mut partial;
+            let detectors = &mut self.detectors;
+            let watch = detectors.watches_text();
+            let cut = &mut cut;
             let work = AssertUnwindSafe(async move {
                 let mut stream = executor.open(request).await?;
                 while let Some(delta) = stream.next().await {
                     let delta = delta?;
+                    let mut verdict = None;
                     if let InferenceDelta::Text { text } = &delta {
                         if text.is_empty() {
                             continue;
@@ -411,8 +472,16 @@ impl Run {
                             thread_id: id.thread_id.clone(),
                             delta: text.clone(),
                         });
+                        if watch {
+                            verdict = detectors.observe_text(text);
+                        }
                     }
                     partial.apply(delta);
+                    if verdict.is_some() {
+                        // Returning drops the stream: nothing more is read.
+                        *cut = verdict;
+                        break;
+                    }
                 }
                 Ok::<(), InferenceError>(())
             })
@@ -425,7 +494,10 @@ impl Run {
         };
         match outcome {
             None => Inference::Interrupted(partial),
-            Some(Ok(Ok(()))) => Inference::Done(partial),
+            Some(Ok(Ok(()))) => match cut {
+                Some(verdict) => Inference::Cut(partial, verdict),
+                None => Inference::Done(partial),
+            },
             Some(Ok(Err(error))) => Inference::Failed(error),
             Some(Err(payload)) => Inference::Failed(InferenceError::new(
                 InferenceErrorKind::Other,
@@ -643,6 +715,7 @@ impl Run {
         let cancelled = cut && ending.is_none();
 
         let run_after_hooks = !cancelled && ending.is_none();
+        let mut recorded: Vec<(&ToolCall, ToolResult)> = Vec::with_capacity(calls.len());
         for (call, result) in calls.iter().zip(results) {
             let Some(result) = result else { continue };
             if run_after_hooks && ending.is_none() {
@@ -664,9 +737,17 @@ impl Run {
                 is_error: result.is_error,
             });
             self.history_mut().push(result.to_message());
+            recorded.push((call, result));
         }
         if cancelled {
             return Err(self.cancelled_reason());
+        }
+        if ending.is_none() {
+            let round: Vec<(&ToolCall, &ToolResult)> =
+                recorded.iter().map(|(c, r)| (*c, r)).collect();
+            if let Some(verdict) = self.detectors.observe_tool_results(&round) {
+                self.apply_verdict(verdict);
+            }
         }
         ending.map_or(Ok(()), Err)
     }
@@ -694,6 +775,11 @@ impl Run {
             }
             _ => None,
         };
+        let outputs = self
+            .state
+            .get::<EmittedOutputs>()
+            .cloned()
+            .unwrap_or_default();
         tracing::debug!(%reason, steps = self.steps, "run finished");
         self.emit(AgentEvent::RunFinished {
             run_id: self.id.run_id.clone(),
@@ -703,6 +789,7 @@ impl Run {
             cancel_cause: cancel_cause.clone(),
             steps: self.steps,
             usage: self.usage,
+            outputs: outputs.clone(),
         });
         AgentRunResult {
             run_id: self.id.run_id,
@@ -713,6 +800,7 @@ impl Run {
             usage: self.usage,
             usage_complete: self.usage_complete,
             cancel_cause,
+            outputs,
         }
     }
 }

@@ -367,7 +367,7 @@ impl AgentRuntimeBuilder {
                 hooks[phase.index()].push(entry);
             }
             let agent = Agent {
-                guard: Agent::guard_policies(&spec),
+                guard: Agent::guard_items(&spec),
                 deadline: Agent::deadline_of(&spec),
                 model: model.clone(),
                 executor,

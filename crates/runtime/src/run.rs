@@ -1,5 +1,6 @@
 //! One run's input and output: [`RunRequest`] and [`AgentRunResult`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rein_runtime_contract::CancellationToken;
@@ -103,4 +104,7 @@ pub struct AgentRunResult {
     pub usage_complete: bool,
     /// Who cancelled the run, when it was cancelled (or hit its deadline).
     pub cancel_cause: Option<CancelCause>,
+    /// Values emitted through `emit_output` ([`OutputsPlugin`](crate::plugins::OutputsPlugin)),
+    /// whatever ended the run; empty otherwise.
+    pub outputs: BTreeMap<String, serde_json::Value>,
 }

@@ -239,6 +239,7 @@ fn internal_failure(
         cancel_cause: None,
         steps: 0,
         usage: TokenUsage::default(),
+        outputs: Default::default(),
     });
     AgentRunResult {
         run_id: run_id.to_owned(),
@@ -249,6 +250,7 @@ fn internal_failure(
         usage: TokenUsage::default(),
         usage_complete: false,
         cancel_cause: None,
+        outputs: Default::default(),
     }
 }
 

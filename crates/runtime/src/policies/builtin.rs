@@ -276,38 +276,53 @@ impl StopPolicy for LoopDetectionPolicy {
 
 /// Builds the policies for declarative specs, in order.
 ///
-/// Every variant listed in the stop-policies how-to is a pure function of
-/// [`StopPolicyStats`] and becomes a policy. `Timeout { seconds }` becomes a
-/// [`TimeoutPolicy`] of `seconds × 1000` ms (saturating). Note that only
-/// `AgentSpec.stop_conditions` also get the timeout's deadline, which cancels
-/// work in flight; a policy built here is checked after each inference.
+/// The variants that are pure functions of [`StopPolicyStats`] become
+/// policies; `Timeout { seconds }` becomes a [`TimeoutPolicy`] of
+/// `seconds × 1000` ms (saturating). The loop detectors that need more than
+/// the statistics — `tool_call_loop`, `content_chanting`, `stuck` — are
+/// skipped with a warning: they are enforced when listed in
+/// `AgentSpec.stop_conditions`, as is the timeout's deadline, which cancels
+/// work in flight (a policy built here only checks after each inference).
 pub fn policies_from_specs(specs: &[StopConditionSpec]) -> Vec<Arc<dyn StopPolicy>> {
     specs
         .iter()
-        .map(|spec| -> Arc<dyn StopPolicy> {
-            match spec {
-                StopConditionSpec::MaxRounds { rounds } => Arc::new(MaxRoundsPolicy::new(*rounds)),
-                StopConditionSpec::Timeout { seconds } => {
-                    Arc::new(TimeoutPolicy::new(seconds.saturating_mul(1000)))
-                }
-                StopConditionSpec::TokenBudget { max_total } => {
-                    Arc::new(TokenBudgetPolicy::new(*max_total as u64))
-                }
-                StopConditionSpec::ConsecutiveErrors { max } => {
-                    Arc::new(ConsecutiveErrorsPolicy::new(*max))
-                }
-                StopConditionSpec::StopOnTool { tool_name } => {
-                    Arc::new(StopOnToolPolicy::new(tool_name.clone()))
-                }
-                StopConditionSpec::ContentMatch { pattern } => {
-                    Arc::new(ContentMatchPolicy::new(pattern.clone()))
-                }
-                StopConditionSpec::LoopDetection { window } => {
-                    Arc::new(LoopDetectionPolicy::new(*window))
-                }
+        .filter_map(|spec| {
+            let policy = stats_policy(spec);
+            if policy.is_none() {
+                tracing::warn!(
+                    kind = spec.kind(),
+                    "policies_from_specs skips the \"{}\" stop condition: it is not a function of \
+                     StopPolicyStats; list it in AgentSpec.stop_conditions instead",
+                    spec.kind()
+                );
             }
+            policy
         })
         .collect()
+}
+
+/// The policy of a spec that is a pure function of the statistics.
+pub(crate) fn stats_policy(spec: &StopConditionSpec) -> Option<Arc<dyn StopPolicy>> {
+    Some(match spec {
+        StopConditionSpec::MaxRounds { rounds } => Arc::new(MaxRoundsPolicy::new(*rounds)),
+        StopConditionSpec::Timeout { seconds } => {
+            Arc::new(TimeoutPolicy::new(seconds.saturating_mul(1000)))
+        }
+        StopConditionSpec::TokenBudget { max_total } => {
+            Arc::new(TokenBudgetPolicy::new(*max_total as u64))
+        }
+        StopConditionSpec::ConsecutiveErrors { max } => {
+            Arc::new(ConsecutiveErrorsPolicy::new(*max))
+        }
+        StopConditionSpec::StopOnTool { tool_name } => {
+            Arc::new(StopOnToolPolicy::new(tool_name.clone()))
+        }
+        StopConditionSpec::ContentMatch { pattern } => {
+            Arc::new(ContentMatchPolicy::new(pattern.clone()))
+        }
+        StopConditionSpec::LoopDetection { window } => Arc::new(LoopDetectionPolicy::new(*window)),
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -518,6 +533,11 @@ mod tests {
             .as_deref(),
             Some("timeout")
         );
+        let skipped = policies_from_specs(&[
+            StopConditionSpec::Stuck { duplicates: 2 },
+            StopConditionSpec::MaxRounds { rounds: 1 },
+        ]);
+        assert_eq!(skipped.len(), 1, "detectors are skipped, the rest kept");
         let huge = policies_from_specs(&[StopConditionSpec::Timeout { seconds: u64::MAX }]);
         assert_eq!(
             code(huge[0].evaluate(&StopPolicyStats {

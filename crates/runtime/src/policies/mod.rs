@@ -27,6 +27,7 @@ pub use builtin::{
 pub use plugin::{MaxRoundsPlugin, StopConditionPlugin};
 pub use stats::{RECENT_RESPONSES_KEPT, StopPolicyStats, StopStatsKey};
 
+pub(crate) use builtin::stats_policy;
 pub(crate) use stats::{InferenceRecord, record_inference};
 
 use std::sync::Arc;

@@ -1,0 +1,344 @@
+//! Loop detectors through full runs: tool-call loops, content chanting while
+//! streaming, stuck responses, and nudging before stopping.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use rein::contract::event::AgentEvent;
+use rein::contract::lifecycle::OnDetect;
+use rein::prelude::*;
+use serde_json::json;
+
+fn tool_loop(threshold: usize, on_detect: OnDetect) -> StopConditionSpec {
+    StopConditionSpec::ToolCallLoop {
+        threshold,
+        max_cycle: 5,
+        on_detect,
+    }
+}
+
+/// A model that plays `calls` in order, then answers "done".
+fn calling(calls: Vec<(&'static str, serde_json::Value)>) -> ScriptedExecutor {
+    let mut script: Vec<ScriptedResponse> = calls
+        .into_iter()
+        .map(|(n, a)| ScriptedResponse::tool_call(n, a))
+        .collect();
+    script.push(ScriptedResponse::text("done"));
+    ScriptedExecutor::new(script)
+}
+
+fn runtime(model: ScriptedExecutor, spec: AgentSpec) -> AgentRuntime {
+    builder_with(model, spec.with_max_rounds(0))
+        .with_tool("search", Arc::new(Echo("search")))
+        .with_tool("open", Arc::new(Echo("open")))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn five_identical_calls_stop_the_run_and_four_do_not() {
+    let five = calling(vec![("search", json!({"q": "rust", "page": 1})); 5]);
+    let r = runtime(
+        five,
+        spec().with_stop_condition(tool_loop(5, OnDetect::Stop)),
+    )
+    .run_to_completion(user("t", "go"))
+    .await
+    .unwrap();
+    assert_eq!(r.termination.stop_code(), Some("tool_call_loop"));
+    assert_eq!(r.steps, 5);
+
+    let four = calling(vec![("search", json!({"q": "rust", "page": 1})); 4]);
+    let r = runtime(
+        four,
+        spec().with_stop_condition(tool_loop(5, OnDetect::Stop)),
+    )
+    .run_to_completion(user("t", "go"))
+    .await
+    .unwrap();
+    assert_eq!(r.termination, TerminationReason::NaturalEnd);
+}
+
+#[tokio::test]
+async fn an_a_b_cycle_repeated_five_times_stops_the_run() {
+    let mut calls = Vec::new();
+    for _ in 0..5 {
+        calls.push(("search", json!({"q": "x"})));
+        calls.push(("open", json!({"url": "u"})));
+    }
+    let r = runtime(
+        calling(calls),
+        spec().with_stop_condition(tool_loop(5, OnDetect::Stop)),
+    )
+    .run_to_completion(user("t", "go"))
+    .await
+    .unwrap();
+    assert_eq!(
+        r.termination,
+        TerminationReason::stopped(
+            "tool_call_loop",
+            "the tool call cycle [search → open] repeated 5 times with identical arguments and results"
+        )
+    );
+    assert_eq!(r.steps, 10);
+}
+
+#[tokio::test]
+async fn batch_work_and_argument_key_order() {
+    // Fifty different files: legitimate batch work.
+    let calls: Vec<_> = (0..50).map(|i| ("search", json!({ "file": i }))).collect();
+    let r = runtime(
+        calling(calls),
+        spec().with_stop_condition(tool_loop(5, OnDetect::Stop)),
+    )
+    .run_to_completion(user("t", "go"))
+    .await
+    .unwrap();
+    assert_eq!(r.termination, TerminationReason::NaturalEnd);
+    // The same arguments with their keys in another order are the same call.
+    let calls = vec![
+        ("search", json!({"a": 1, "b": 2})),
+        ("search", json!({"b": 2, "a": 1})),
+        ("search", json!({"a": 1, "b": 2})),
+    ];
+    let r = runtime(
+        calling(calls),
+        spec().with_stop_condition(tool_loop(3, OnDetect::Stop)),
+    )
+    .run_to_completion(user("t2", "go"))
+    .await
+    .unwrap();
+    assert_eq!(r.termination.stop_code(), Some("tool_call_loop"));
+}
+
+/// A status tool whose answer changes on every call.
+struct Status(Mutex<u32>);
+
+#[async_trait::async_trait]
+impl Tool for Status {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("status", "job status")
+    }
+    async fn execute(
+        &self,
+        _args: serde_json::Value,
+        _ctx: &ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
+        let mut n = self.0.lock().unwrap();
+        *n += 10;
+        Ok(ToolOutput::text(format!("{}% complete", *n)))
+    }
+}
+
+#[tokio::test]
+async fn polling_a_status_that_changes_is_not_a_loop() {
+    let r = builder_with(
+        calling(vec![("status", json!({"job": 7})); 9]),
+        spec().with_stop_condition(tool_loop(5, OnDetect::Stop)),
+    )
+    .with_tool("status", Arc::new(Status(Mutex::new(0))))
+    .build()
+    .unwrap()
+    .run_to_completion(user("t", "go"))
+    .await
+    .unwrap();
+    assert_eq!(r.termination, TerminationReason::NaturalEnd);
+}
+
+#[tokio::test]
+async fn nudge_then_stop_nudges_into_the_next_request_and_stops_on_the_second_detection() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let model = ScriptedExecutor::from_fn(move |req| {
+        log.lock()
+            .unwrap()
+            .push(req.messages.last().unwrap().clone());
+        ScriptedResponse::tool_call("search", json!({"q": "same"}))
+    });
+    let sink = Arc::new(CollectingSink::new());
+    let r = runtime(
+        model,
+        spec().with_stop_condition(tool_loop(3, OnDetect::NudgeThenStop)),
+    )
+    .run(user("t", "go"), sink.clone())
+    .await
+    .unwrap();
+    // 3 calls → nudge; the detector resets; 3 more → stop.
+    assert_eq!(r.steps, 6);
+    assert_eq!(r.termination.stop_code(), Some("tool_call_loop"));
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen[3].role,
+        Role::User,
+        "the fourth request ends with the nudge"
+    );
+    assert!(
+        seen[3]
+            .content
+            .starts_with("You appear to be repeating the same tool calls (search)"),
+        "{}",
+        seen[3].content
+    );
+    assert!(
+        sink.events()
+            .iter()
+            .any(|e| matches!(e, AgentEvent::Nudge { text, .. } if *text == seen[3].content))
+    );
+}
+
+const SENTENCE: &str = "I will now check the weather again to be sure. ";
+
+#[tokio::test]
+async fn chanting_in_a_streamed_answer_cuts_the_stream_and_keeps_the_partial_text() {
+    let model = Arc::new(ScriptedExecutor::new(vec![ScriptedResponse::text(
+        SENTENCE.repeat(30),
+    )]));
+    let runtime = AgentRuntimeBuilder::new()
+        .with_agent_spec(spec().with_model_id("m").with_stop_condition(
+            StopConditionSpec::ContentChanting {
+                chunk_chars: 50,
+                threshold: 10,
+                on_detect: OnDetect::Stop,
+            },
+        ))
+        .with_model(ModelSpec::new("m", "p", "x"))
+        .with_provider("p", model.clone())
+        .build()
+        .unwrap();
+    let r = runtime.run_to_completion(user("t", "go")).await.unwrap();
+    assert_eq!(r.termination.stop_code(), Some("content_chanting"));
+    let served = model.served_chunks();
+    let words = SENTENCE.repeat(30).split_whitespace().count() as u64;
+    assert!(
+        served < words / 2,
+        "the executor was drained: {served} of {words} chunks"
+    );
+    assert!(!r.response.is_empty());
+    let history = runtime.thread_messages("t").await;
+    assert_eq!(history[1].content, r.response);
+    assert_history_valid(&history);
+}
+
+#[tokio::test]
+async fn a_hundred_chunk_chanting_response_is_cut_off_early() {
+    let words: Vec<&str> = "again and again the same line again and again the"
+        .split(' ')
+        .collect();
+    let text: String = (0..100)
+        .map(|i| format!("{} ", words[i % words.len()]))
+        .collect();
+    let model = Arc::new(ScriptedExecutor::new(vec![ScriptedResponse::text(text)]));
+    let runtime = AgentRuntimeBuilder::new()
+        .with_agent_spec(spec().with_model_id("m").with_stop_condition(
+            StopConditionSpec::ContentChanting {
+                chunk_chars: 20,
+                threshold: 5,
+                on_detect: OnDetect::Stop,
+            },
+        ))
+        .with_model(ModelSpec::new("m", "p", "x"))
+        .with_provider("p", model.clone())
+        .build()
+        .unwrap();
+    let r = runtime.run_to_completion(user("t", "go")).await.unwrap();
+    assert_eq!(r.termination.stop_code(), Some("content_chanting"));
+    assert!(
+        model.served_chunks() < 50,
+        "{} of 100 chunks consumed",
+        model.served_chunks()
+    );
+}
+
+#[tokio::test]
+async fn repeated_lines_inside_a_code_fence_or_table_do_not_stop_the_run() {
+    let code = format!(
+        "Here:\n```\n{}```\n",
+        "let x = compute_the_same_value_again(42);\n".repeat(30)
+    );
+    let table = format!(
+        "| k | v |\n|---|---|\n{}",
+        "| the same key here | the same value |\n".repeat(30)
+    );
+    for text in [code, table] {
+        let model = ScriptedExecutor::new(vec![ScriptedResponse::text(text)]);
+        let r = builder_with(
+            model,
+            spec().with_stop_condition(StopConditionSpec::ContentChanting {
+                chunk_chars: 30,
+                threshold: 5,
+                on_detect: OnDetect::Stop,
+            }),
+        )
+        .build()
+        .unwrap()
+        .run_to_completion(user("t", "go"))
+        .await
+        .unwrap();
+        assert_eq!(r.termination, TerminationReason::NaturalEnd);
+    }
+}
+
+#[tokio::test]
+async fn chanting_with_nudge_then_stop_nudges_once_then_stops() {
+    let model =
+        ScriptedExecutor::new(vec![ScriptedResponse::text(SENTENCE.repeat(30))]).repeat_last();
+    let sink = Arc::new(CollectingSink::new());
+    let runtime = builder_with(
+        model,
+        spec().with_stop_condition(StopConditionSpec::ContentChanting {
+            chunk_chars: 50,
+            threshold: 10,
+            on_detect: OnDetect::NudgeThenStop,
+        }),
+    )
+    .build()
+    .unwrap();
+    let r = runtime.run(user("t", "go"), sink.clone()).await.unwrap();
+    assert_eq!(r.steps, 2);
+    assert!(
+        matches!(&r.termination, TerminationReason::Stopped(s) if s.code == "content_chanting" && s.detail.ends_with("(again, after a nudge)"))
+    );
+    let history = runtime.thread_messages("t").await;
+    let roles: Vec<Role> = history.iter().map(|m| m.role).collect();
+    assert_eq!(
+        roles,
+        [Role::User, Role::Assistant, Role::User, Role::Assistant]
+    );
+    assert!(history[2].content.contains("repeating the same text"));
+}
+
+#[tokio::test]
+async fn a_stuck_run_is_nudged_once_then_stopped() {
+    // The arguments vary, so only the text repeats.
+    let counter = Mutex::new(0);
+    let model = ScriptedExecutor::from_fn(move |_req| {
+        let mut n = counter.lock().unwrap();
+        *n += 1;
+        ScriptedResponse::text("I cannot find it.").with_tool_call("search", json!({ "i": *n }))
+    });
+    let sink = Arc::new(CollectingSink::new());
+    let r = runtime(
+        model,
+        spec().with_stop_condition(StopConditionSpec::Stuck { duplicates: 2 }),
+    )
+    .run(user("t", "go"), sink.clone())
+    .await
+    .unwrap();
+    // Round 3 repeats two earlier texts → nudge; round 4 repeats again → stop.
+    assert_eq!(r.steps, 4);
+    assert_eq!(r.termination.stop_code(), Some("stuck"));
+    let nudges: Vec<String> = sink
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            AgentEvent::Nudge { text, .. } => Some(text),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(nudges.len(), 1);
+    assert!(nudges[0].starts_with("Observed duplicate responses"));
+}

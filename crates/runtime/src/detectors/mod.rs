@@ -1,0 +1,145 @@
+//! Loop detectors: the stop conditions that need more than
+//! [`StopPolicyStats`](crate::policies::StopPolicyStats) — repeated tool-call
+//! cycles, "chanting" inside one streamed answer, and stuck responses — each
+//! checked at its own point of the round, each able to nudge before it stops.
+//!
+//! | detector | checked | code |
+//! |---|---|---|
+//! | [`ToolCallLoop`](tool_calls) | after the round's tool results are recorded | `tool_call_loop` |
+//! | [`ContentChanting`](chanting) | while the answer streams | `content_chanting` |
+//! | [`Stuck`](stuck) | after each inference, in `stop_conditions` order | `stuck` |
+//!
+//! Detectors do not cancel and do not end runs themselves: they return a
+//! [`Verdict`] and the agent loop acts on it.
+
+mod chanting;
+mod stuck;
+mod tool_calls;
+
+pub(crate) use chanting::ChantingDetector;
+pub(crate) use stuck::StuckDetector;
+pub(crate) use tool_calls::ToolCallLoopDetector;
+
+use rein_runtime_contract::lifecycle::{OnDetect, StopConditionSpec, StoppedReason};
+use rein_runtime_contract::message::{ToolCall, ToolResult};
+
+/// What a detector asks of the loop when it fires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Add this user message before the next inference and go on.
+    Nudge(String),
+    /// End the run.
+    Stop(StoppedReason),
+}
+
+/// First detection nudges (when configured), the next one stops.
+#[derive(Debug, Clone, Copy)]
+struct Escalation {
+    on_detect: OnDetect,
+    nudged: bool,
+}
+
+impl Escalation {
+    fn new(on_detect: OnDetect) -> Self {
+        Self {
+            on_detect,
+            nudged: false,
+        }
+    }
+
+    /// The verdict for a detection: a nudge the first time when the policy
+    /// is `nudge_then_stop`, else a stop whose detail says whether a nudge
+    /// came first.
+    fn fire(&mut self, code: &str, detail: String, nudge: &str) -> Verdict {
+        if self.on_detect == OnDetect::NudgeThenStop && !self.nudged {
+            self.nudged = true;
+            return Verdict::Nudge(nudge.to_owned());
+        }
+        let detail = if self.nudged {
+            format!("{detail} (again, after a nudge)")
+        } else {
+            detail
+        };
+        Verdict::Stop(StoppedReason::new(code, detail))
+    }
+}
+
+/// The first `max` characters of `text`, with an ellipsis when cut.
+pub(crate) fn snippet(text: &str, max: usize) -> String {
+    let mut out: String = text.chars().take(max).collect();
+    if out.len() < text.len() {
+        out.push('…');
+    }
+    out
+}
+
+/// The detectors of one run, built from the agent's `stop_conditions`.
+#[derive(Debug, Default)]
+pub(crate) struct Detectors {
+    tool_loops: Vec<ToolCallLoopDetector>,
+    chanting: Vec<ChantingDetector>,
+    /// Indexed by the position among the spec's `stuck` conditions.
+    pub(crate) stuck: Vec<StuckDetector>,
+}
+
+impl Detectors {
+    pub(crate) fn new(specs: &[StopConditionSpec]) -> Self {
+        let mut d = Self::default();
+        for spec in specs {
+            match *spec {
+                StopConditionSpec::ToolCallLoop {
+                    threshold,
+                    max_cycle,
+                    on_detect,
+                } => d
+                    .tool_loops
+                    .extend(ToolCallLoopDetector::new(threshold, max_cycle, on_detect)),
+                StopConditionSpec::ContentChanting {
+                    chunk_chars,
+                    threshold,
+                    on_detect,
+                } => d
+                    .chanting
+                    .extend(ChantingDetector::new(chunk_chars, threshold, on_detect)),
+                StopConditionSpec::Stuck { duplicates } => {
+                    d.stuck.push(StuckDetector::new(duplicates));
+                }
+                _ => {}
+            }
+        }
+        d
+    }
+
+    /// Whether any detector watches the text stream.
+    pub(crate) fn watches_text(&self) -> bool {
+        !self.chanting.is_empty()
+    }
+
+    /// A new answer starts streaming.
+    pub(crate) fn start_response(&mut self) {
+        self.chanting
+            .iter_mut()
+            .for_each(ChantingDetector::start_response);
+    }
+
+    /// A piece of the streamed answer; the first verdict, in list order.
+    pub(crate) fn observe_text(&mut self, text: &str) -> Option<Verdict> {
+        self.chanting.iter_mut().find_map(|d| d.observe(text))
+    }
+
+    /// The round's tool calls with their results, in call order; the first
+    /// verdict, in list order.
+    pub(crate) fn observe_tool_results(
+        &mut self,
+        round: &[(&ToolCall, &ToolResult)],
+    ) -> Option<Verdict> {
+        let mut verdict = None;
+        for d in &mut self.tool_loops {
+            let v = d.observe_round(round);
+            if verdict.is_none() {
+                verdict = v;
+            }
+        }
+        verdict
+    }
+}
