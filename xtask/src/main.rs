@@ -2,13 +2,27 @@
 //!
 //! - `ci`: the checks CI runs — `cargo fmt --check`, `cargo clippy` with
 //!   `-D warnings`, every test of the workspace, and the doc tests.
+//! - `local-llm start|stop|status|install`: a local OpenAI-compatible model
+//!   server for the live tests (see `local_llm`).
 
+mod local_llm;
+
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
+
+/// The workspace's root directory.
+pub(crate) fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default()
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
+        Some("local-llm") => local_llm::main(&args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             println!("{USAGE}");
             Ok(())
@@ -27,7 +41,10 @@ fn main() -> ExitCode {
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  ci    fmt check, clippy -D warnings, all tests, doc tests";
+  ci                                   fmt check, clippy -D warnings, all tests, doc tests
+  local-llm start [--port N]|stop|status|install
+                                       a local model server for the live tests; start prints
+                                       REIN_LLM_BASE_URL=<url> as its last line";
 
 /// Runs `cargo` with `args`, failing with the command line when it fails.
 fn cargo(args: &[&str]) -> Result<(), String> {
