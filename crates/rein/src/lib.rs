@@ -67,7 +67,7 @@
 //! | [`contract`] | `rein-runtime-contract`: messages, specs, events, inference, tools, phases, state |
 //! | [`registry_spec`] | [`AgentSpec`], [`ModelSpec`] |
 //! | [`config`] | YAML/JSON loaders for agent specs and stop conditions |
-//! | [`plugin`], [`plugins`], [`phase`], [`policies`], [`thread_store`] | `rein-runtime` modules |
+//! | [`auto`], [`plugin`], [`plugins`], [`phase`], [`policies`], [`thread_store`] | `rein-runtime` modules |
 //! | [`engine`] | executors from `rein-providers` |
 //! | root | the runtime, its builder, requests, results, errors |
 //! | [`prelude`] | what a typical program imports |
@@ -76,16 +76,19 @@ pub use rein_runtime_contract as contract;
 
 pub use rein_runtime_contract::config;
 
-pub use rein_runtime::{phase, plugin, plugins, policies, thread_store};
+pub use rein_runtime::{auto, phase, plugin, plugins, policies, thread_store};
 
 /// Agent and model specifications.
 pub mod registry_spec {
     pub use rein_runtime_contract::spec::{AgentSpec, ModelSpec};
 }
 
-/// LLM executors.
+/// LLM executors: [`GenaiExecutor`](engine::GenaiExecutor) for real
+/// providers (through the re-exported [`genai`](engine::genai) crate) and
+/// [`ScriptedExecutor`](engine::ScriptedExecutor) for tests and offline runs.
 pub mod engine {
-    pub use rein_providers::{ScriptedExecutor, ScriptedResponse};
+    pub use rein_providers::genai;
+    pub use rein_providers::{GenaiExecutor, ScriptedExecutor, ScriptedResponse};
 }
 
 pub use rein_runtime::{

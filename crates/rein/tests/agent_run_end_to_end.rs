@@ -1,7 +1,13 @@
 //! A run works end to end with the scripted executor: model call, tool
 //! calls, more model calls, final answer.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 mod common;
 

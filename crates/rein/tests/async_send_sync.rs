@@ -1,6 +1,12 @@
 //! Every public future is `Send`, and the shared types are `Send + Sync + 'static`.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 use std::sync::Arc;
 

@@ -2,7 +2,13 @@
 //! released its thread within the bound; `false` at once without a run, at
 //! the bound for a run that will not let go, and at once from inside the run.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 mod common;
 

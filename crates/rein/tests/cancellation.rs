@@ -2,7 +2,13 @@
 //! its stream, tools (through their child tokens, or by being dropped), and
 //! the loop between phases; every way to cancel records its cause.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 mod common;
 

@@ -1,7 +1,13 @@
 //! Explicit completion through full runs: the `terminate` tool and declared
 //! outputs with nudges.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 mod common;
 

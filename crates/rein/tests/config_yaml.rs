@@ -1,7 +1,13 @@
 //! Stop conditions and agent specs load from YAML strings and files; every
 //! error says what is wrong and where; every spec survives a round trip.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 use std::path::PathBuf;
 

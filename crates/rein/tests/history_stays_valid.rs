@@ -1,7 +1,13 @@
 //! Invariant 3: after any run ends, every assistant tool call in the thread's
 //! history has exactly one result; calls that did not run say so.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 mod common;
 

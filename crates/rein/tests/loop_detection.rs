@@ -1,7 +1,13 @@
 //! Loop detectors through full runs: tool-call loops, content chanting while
 //! streaming, stuck responses, and nudging before stopping.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 mod common;
 

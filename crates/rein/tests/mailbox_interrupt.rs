@@ -1,7 +1,13 @@
 //! The mailbox serializes submissions to a thread and interrupts its active
 //! run; no submitted message is lost or duplicated (invariants 2 and 4).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 mod common;
 

@@ -2,7 +2,13 @@
 //! two runs overlap on a thread, every message lands exactly once and in
 //! each submitter's order, every tool call is answered, every handle resolves.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 mod common;
 

@@ -1,7 +1,13 @@
 //! Invariant 1: every run ends with exactly one `RunFinished`, last, carrying
 //! the full termination reason and the final response — whatever ended it.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 mod common;
 

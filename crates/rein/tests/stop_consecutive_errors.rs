@@ -2,7 +2,13 @@
 //! them, the backoff doubles from the base, `retry_after` is honoured, and
 //! `consecutive_errors` stops the run; non-retryable errors end it at once.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 mod common;
 

@@ -1,7 +1,13 @@
 //! `stop_on_tool` stops the run before the named tool runs; the call gets a
 //! "not run" result and the stopping inference's text is kept.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 mod common;
 

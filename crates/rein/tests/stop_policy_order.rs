@@ -2,7 +2,13 @@
 //! stop-condition plugins, then `stop_conditions`, then the `max_rounds`
 //! guard — count each round once, and report their own code and detail.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 mod common;
 

@@ -2,7 +2,13 @@
 //! passes is cancelled and the run ends `Stopped { code: "timeout" }` with
 //! cancel cause `Deadline`.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 mod common;
 

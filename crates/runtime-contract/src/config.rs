@@ -156,22 +156,21 @@ fn describe_path(text: &str, kinds: &[Option<String>]) -> String {
     };
     let path = path.trim_start_matches('.');
     let path = path.strip_prefix("stop_conditions").unwrap_or(path);
-    if let Some(rest) = path.strip_prefix('[') {
-        if let Some((index, field)) = rest.split_once(']') {
-            if let Ok(i) = index.parse::<usize>() {
-                let kind = match kinds.get(i).and_then(Option::as_deref) {
-                    Some(kind) => format!(" ({kind})"),
-                    None => String::new(),
-                };
-                let field = field.trim_start_matches('.');
-                let field = if field.is_empty() {
-                    String::new()
-                } else {
-                    format!(", field `{field}`")
-                };
-                return format!("stop condition #{}{kind}{field}: {message}", i + 1);
-            }
-        }
+    if let Some(rest) = path.strip_prefix('[')
+        && let Some((index, field)) = rest.split_once(']')
+        && let Ok(i) = index.parse::<usize>()
+    {
+        let kind = match kinds.get(i).and_then(Option::as_deref) {
+            Some(kind) => format!(" ({kind})"),
+            None => String::new(),
+        };
+        let field = field.trim_start_matches('.');
+        let field = if field.is_empty() {
+            String::new()
+        } else {
+            format!(", field `{field}`")
+        };
+        return format!("stop condition #{}{kind}{field}: {message}", i + 1);
     }
     format!("field `{path}`: {message}")
 }

@@ -95,6 +95,21 @@ pub enum AgentEvent {
         /// The message's text.
         text: String,
     },
+    /// Auto mode's progress: after every round, and when it stops
+    /// (`auto-run stop condition: <stop_reason>`).
+    Progress {
+        /// The round's run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// What happened.
+        message: String,
+        /// Tokens the thread's session has used so far.
+        tokens_used_session: u64,
+        /// The policy's token budget, when it has one (for a progress bar).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_tokens: Option<u64>,
+    },
     /// The run ended. Always the last event of a run, exactly once.
     RunFinished {
         /// The run.
@@ -129,6 +144,7 @@ impl AgentEvent {
             | Self::ToolCallFinished { run_id, .. }
             | Self::InferenceRetry { run_id, .. }
             | Self::Nudge { run_id, .. }
+            | Self::Progress { run_id, .. }
             | Self::RunFinished { run_id, .. } => run_id,
         }
     }
@@ -143,6 +159,7 @@ impl AgentEvent {
             | Self::ToolCallFinished { thread_id, .. }
             | Self::InferenceRetry { thread_id, .. }
             | Self::Nudge { thread_id, .. }
+            | Self::Progress { thread_id, .. }
             | Self::RunFinished { thread_id, .. } => thread_id,
         }
     }

@@ -45,6 +45,7 @@ use tokio::time::Instant;
 
 use crate::active_runs::{CURRENT_RUN, RunControl};
 use crate::agent::{Agent, GuardItem};
+use crate::auto::MetricsReports;
 use crate::detectors::{Detectors, Verdict};
 use crate::history;
 use crate::phase::{Directives, HookFailure, PhaseContext, RunIdentity, dispatch, panic_message};
@@ -780,6 +781,11 @@ impl Run {
             .get::<EmittedOutputs>()
             .cloned()
             .unwrap_or_default();
+        let reports = self
+            .state
+            .get::<MetricsReports>()
+            .cloned()
+            .unwrap_or_default();
         tracing::debug!(%reason, steps = self.steps, "run finished");
         self.emit(AgentEvent::RunFinished {
             run_id: self.id.run_id.clone(),
@@ -801,6 +807,7 @@ impl Run {
             usage_complete: self.usage_complete,
             cancel_cause,
             outputs,
+            reports,
         }
     }
 }

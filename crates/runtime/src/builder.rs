@@ -13,6 +13,7 @@ use rein_runtime_contract::tool::Tool;
 
 use crate::agent::Agent;
 use crate::agent_loop::RetryBackoff;
+use crate::auto::{AutoGuardrail, DEFAULT_AUTO_ROUND_CEILING};
 use crate::plugin::{Plugin, PluginRegistrar};
 use crate::runtime::{AgentRuntime, RuntimeConfig};
 use crate::thread_store::{InMemoryThreadStore, ThreadStore};
@@ -204,6 +205,8 @@ impl AgentRuntimeBuilder {
                 default_sink: Arc::new(NullSink),
                 cancel_wait: DEFAULT_CANCEL_WAIT_TIMEOUT,
                 backoff: RetryBackoff::default(),
+                auto_ceiling: DEFAULT_AUTO_ROUND_CEILING,
+                auto_guardrail: None,
             },
         }
     }
@@ -263,6 +266,19 @@ impl AgentRuntimeBuilder {
     /// up to 60 s.
     pub fn with_retry_backoff(mut self, base: Duration, cap: Duration) -> Self {
         self.config.backoff = RetryBackoff { base, cap };
+        self
+    }
+
+    /// Sets auto mode's hard ceiling on rounds per `auto_run` (default 20).
+    /// No policy field changes it.
+    pub fn with_auto_round_ceiling(mut self, rounds: u32) -> Self {
+        self.config.auto_ceiling = rounds;
+        self
+    }
+
+    /// Adds auto mode's guardrail, checked after every round.
+    pub fn with_auto_guardrail(mut self, guardrail: Arc<dyn AutoGuardrail>) -> Self {
+        self.config.auto_guardrail = Some(guardrail);
         self
     }
 

@@ -25,6 +25,7 @@
 mod active_runs;
 mod agent;
 mod agent_loop;
+pub mod auto;
 mod builder;
 mod detectors;
 mod history;

@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rein_runtime_contract::CancellationToken;
+
+use crate::auto::MetricsReport;
 use rein_runtime_contract::event::{CancelCause, EventSink};
 use rein_runtime_contract::inference::ToolChoice;
 use rein_runtime_contract::lifecycle::TerminationReason;
@@ -107,4 +109,7 @@ pub struct AgentRunResult {
     /// Values emitted through `emit_output` ([`OutputsPlugin`](crate::plugins::OutputsPlugin)),
     /// whatever ended the run; empty otherwise.
     pub outputs: BTreeMap<String, serde_json::Value>,
+    /// Metric reports made through `report_metrics`
+    /// ([`AutomationPlugin`](crate::auto::AutomationPlugin)) during the run.
+    pub reports: Vec<MetricsReport>,
 }

@@ -19,6 +19,8 @@ use tracing::Instrument;
 use crate::active_runs::{ActiveRunRegistry, CURRENT_RUN, RunControl};
 use crate::agent::Agent;
 use crate::agent_loop::{RetryBackoff, RunSetup, execute};
+use crate::auto::AutoGuardrail;
+use crate::auto::session::Sessions;
 use crate::mailbox::{Mailbox, RunHandle};
 use crate::phase::panic_message;
 use crate::run::{AgentRunResult, RunRequest};
@@ -83,6 +85,8 @@ pub(crate) struct RuntimeConfig {
     pub(crate) default_sink: Arc<dyn EventSink>,
     pub(crate) cancel_wait: Duration,
     pub(crate) backoff: RetryBackoff,
+    pub(crate) auto_ceiling: u32,
+    pub(crate) auto_guardrail: Option<Arc<dyn AutoGuardrail>>,
 }
 
 pub(crate) struct Inner {
@@ -93,6 +97,7 @@ pub(crate) struct Inner {
     shut_down: AtomicBool,
     next_run: AtomicU64,
     pub(crate) mailbox_locks: dashmap::DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    sessions: Arc<Sessions>,
 }
 
 /// Why `Inner::start` did not start a run.
@@ -197,6 +202,7 @@ impl Inner {
         };
         let span = tracing::info_span!("run", run_id = %run_id, thread_id = %thread_id);
         let task_run_id = run_id.clone();
+        let sessions = self.sessions.clone();
         let task = tokio::spawn(
             async move {
                 // The slot lives exactly as long as this task's future.
@@ -205,12 +211,15 @@ impl Inner {
                     AssertUnwindSafe(CURRENT_RUN.scope(task_run_id.clone(), execute(setup)))
                         .catch_unwind()
                         .await;
-                match outcome {
+                let result = match outcome {
                     Ok(result) => result,
                     Err(payload) => {
                         internal_failure(&task_run_id, &thread_id, &*sink, payload.as_ref())
                     }
-                }
+                };
+                // Before the slot is released, so the thread's next run sees it.
+                sessions.record(&result);
+                result
             }
             .instrument(span),
         );
@@ -251,6 +260,7 @@ fn internal_failure(
         usage_complete: false,
         cancel_cause: None,
         outputs: Default::default(),
+        reports: Vec::new(),
     }
 }
 
@@ -294,6 +304,7 @@ impl AgentRuntime {
                 shut_down: AtomicBool::new(false),
                 next_run: AtomicU64::new(1),
                 mailbox_locks: dashmap::DashMap::new(),
+                sessions: Arc::default(),
             }),
         }
     }
@@ -416,6 +427,17 @@ impl AgentRuntime {
         };
         control.cancel(CancelCause::Requested);
         control.wait_released(self.inner.config.cancel_wait).await
+    }
+
+    pub(crate) fn sessions(&self) -> &Sessions {
+        &self.inner.sessions
+    }
+
+    pub(crate) fn auto_settings(&self) -> (u32, Option<Arc<dyn AutoGuardrail>>) {
+        (
+            self.inner.config.auto_ceiling,
+            self.inner.config.auto_guardrail.clone(),
+        )
     }
 
     /// A mailbox for submitting input to threads, interrupting their active runs.

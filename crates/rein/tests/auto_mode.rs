@@ -1,0 +1,332 @@
+//! Auto mode through full runs: rounds until a stop condition holds, the
+//! stop reasons and their progress events, and per-thread session tokens.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    missing_debug_implementations
+)]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use rein::auto::{AutoGuardrail, AutomationPlugin, AutomationPolicy};
+use rein::contract::event::AgentEvent;
+use rein::plugins::TerminatePlugin;
+use rein::prelude::*;
+use serde_json::json;
+
+/// A model that, each round, reports `Val ACC` from `scores` (one per round)
+/// and then answers `closing`. Usage 10 in / 5 out per inference.
+fn experimenter(scores: Vec<f64>, closing: &'static str) -> ScriptedExecutor {
+    let round = Mutex::new(0usize);
+    ScriptedExecutor::from_fn(move |req| {
+        let last = req.messages.last().unwrap();
+        if last.role == Role::User {
+            let mut n = round.lock().unwrap();
+            let score = scores[(*n).min(scores.len() - 1)];
+            *n += 1;
+            ScriptedResponse::tool_call("report_metrics", json!({"metrics": {"Val ACC": score}}))
+                .with_usage(10, 5)
+        } else {
+            ScriptedResponse::text(closing).with_usage(10, 5)
+        }
+    })
+}
+
+fn auto_runtime(model: ScriptedExecutor) -> AgentRuntime {
+    builder_with(model, spec().with_plugin_id("auto").with_plugin_id("done"))
+        .with_plugin("auto", Arc::new(AutomationPlugin::new()))
+        .with_plugin("done", Arc::new(TerminatePlugin::new()))
+        .build()
+        .unwrap()
+}
+
+fn progress_messages(sink: &CollectingSink) -> Vec<String> {
+    sink.events()
+        .into_iter()
+        .filter_map(|e| match e {
+            AgentEvent::Progress { message, .. } => Some(message),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn improving_metrics_run_rounds_until_the_goal_is_reached() {
+    let runtime = auto_runtime(experimenter(
+        vec![0.80, 0.86, 0.93, 0.99],
+        "Experiment done.",
+    ));
+    let policy = AutomationPolicy::from_json(
+        r#"{"automation_policy": {"goals": [{"metric": "Val ACC", "operator": ">=", "value": 0.92}], "maxExperiments": 10}}"#,
+    )
+    .unwrap();
+    let sink = Arc::new(CollectingSink::new());
+    let r = runtime
+        .auto_run(user("t", "Train the model."), policy, sink.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "automation goals reached");
+    assert_eq!(r.rounds, 3);
+    assert_eq!(r.runs.len(), 3);
+    assert_eq!(r.tokens_used_session, 3 * 2 * 15);
+    let messages = progress_messages(&sink);
+    assert_eq!(messages.len(), 4, "{messages:?}");
+    assert_eq!(
+        messages.last().unwrap(),
+        "auto-run stop condition: automation goals reached"
+    );
+    // Each replanned round starts with a continuation naming the unmet goal.
+    let history = runtime.thread_messages("t").await;
+    let continuations: Vec<&str> = history
+        .iter()
+        .filter(|m| m.role == Role::User && m.content.starts_with("Continue the task"))
+        .map(|m| m.content.as_str())
+        .collect();
+    assert_eq!(continuations.len(), 2);
+    assert!(
+        continuations[0].contains("Val ACC >= 0.92 (latest: 0.8)"),
+        "{}",
+        continuations[0]
+    );
+}
+
+#[tokio::test]
+async fn progress_events_carry_session_tokens_and_the_budget() {
+    let runtime = auto_runtime(experimenter(vec![0.1], "ok"));
+    let policy = AutomationPolicy::from_json(r#"{"maxTokens": 60}"#).unwrap();
+    let sink = Arc::new(CollectingSink::new());
+    let r = runtime
+        .auto_run(user("t", "go"), policy, sink.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "token budget reached (60/60)");
+    assert_eq!(r.rounds, 2);
+    let budgets: Vec<(u64, Option<u64>)> = sink
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            AgentEvent::Progress {
+                tokens_used_session,
+                max_tokens,
+                ..
+            } => Some((tokens_used_session, max_tokens)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(budgets, [(30, Some(60)), (60, Some(60)), (60, Some(60))]);
+}
+
+#[tokio::test]
+async fn experiment_budgets_and_the_ceiling_stop_the_session() {
+    let runtime = auto_runtime(experimenter(vec![0.1], "ok"));
+    let policy = AutomationPolicy::from_json(r#"{"maxExperiments": 2}"#).unwrap();
+    let r = runtime
+        .auto_run(user("a", "go"), policy, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "max experiments reached (2/2)");
+
+    let runtime = builder_with(experimenter(vec![0.1], "ok"), spec().with_plugin_id("auto"))
+        .with_plugin("auto", Arc::new(AutomationPlugin::new()))
+        .with_auto_round_ceiling(3)
+        .build()
+        .unwrap();
+    let r = runtime
+        .auto_run(user("b", "go"), None, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "max rounds reached (3)");
+    assert_eq!(r.rounds, 3);
+}
+
+#[tokio::test]
+async fn text_heuristics_stop_unless_disabled() {
+    let runtime = auto_runtime(experimenter(
+        vec![0.1],
+        "Results attached.\n\nShould I proceed with the next dataset?",
+    ));
+    let r = runtime
+        .auto_run(user("a", "go"), None, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "user-input heuristic matched");
+    assert_eq!(r.rounds, 1);
+
+    let runtime = auto_runtime(experimenter(
+        vec![0.1],
+        "Traceback (most recent call last):\n  oops",
+    ));
+    let r = runtime
+        .auto_run(user("b", "go"), None, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "failure heuristic matched");
+
+    let runtime = auto_runtime(experimenter(
+        vec![0.1],
+        "Traceback (most recent call last):\n  oops",
+    ));
+    let lax =
+        AutomationPolicy::from_json(r#"{"maxExperiments": 2, "strictHeuristics": false}"#).unwrap();
+    let r = runtime
+        .auto_run(user("c", "go"), lax, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "max experiments reached (2/2)");
+}
+
+#[tokio::test]
+async fn declaring_the_work_done_exhausts_the_queue_unless_a_goal_is_unmet() {
+    let model = || {
+        ScriptedExecutor::from_fn(|req| match req.messages.last().unwrap().role {
+            Role::User => {
+                ScriptedResponse::tool_call("report_metrics", json!({"metrics": {"F1": 0.5}}))
+            }
+            _ => ScriptedResponse::tool_call(
+                "terminate",
+                json!({"status": "success", "message": "nothing left"}),
+            ),
+        })
+    };
+    let r = auto_runtime(model())
+        .auto_run(user("a", "go"), None, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "queue exhausted, no replan condition met");
+    assert_eq!(r.rounds, 1);
+
+    let goal = AutomationPolicy::from_json(
+        r#"{"goals": [{"metric": "F1", "operator": ">", "value": 0.9}], "maxExperiments": 3}"#,
+    )
+    .unwrap();
+    let r = auto_runtime(model())
+        .auto_run(user("b", "go"), goal, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.stop_reason, "max experiments reached (3/3)",
+        "an unmet goal replans"
+    );
+}
+
+struct BlockAfter(u32, Mutex<u32>);
+impl AutoGuardrail for BlockAfter {
+    fn check(&self, _thread_id: &str, _round: &AgentRunResult) -> Option<String> {
+        let mut n = self.1.lock().unwrap();
+        *n += 1;
+        (*n >= self.0).then(|| "plan file is malformed".to_owned())
+    }
+}
+
+#[tokio::test]
+async fn the_guardrail_blocks_with_its_reason_in_the_progress() {
+    let runtime = builder_with(experimenter(vec![0.1], "ok"), spec().with_plugin_id("auto"))
+        .with_plugin("auto", Arc::new(AutomationPlugin::new()))
+        .with_auto_guardrail(Arc::new(BlockAfter(2, Mutex::new(0))))
+        .build()
+        .unwrap();
+    let sink = Arc::new(CollectingSink::new());
+    let r = runtime
+        .auto_run(user("t", "go"), None, sink.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "guardrail blocking");
+    assert_eq!(r.rounds, 2);
+    let messages = progress_messages(&sink);
+    assert!(messages.contains(&"auto-run guardrail blocked: plan file is malformed".to_owned()));
+    assert_eq!(
+        messages.last().unwrap(),
+        "auto-run stop condition: guardrail blocking"
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_round_stops_the_session() {
+    let gate = Gate::new(true);
+    let entered = gate.entered.clone();
+    let runtime = builder_with(
+        ScriptedExecutor::new(vec![ScriptedResponse::tool_call("gate", json!({}))]),
+        spec(),
+    )
+    .with_tool("gate", Arc::new(gate))
+    .build()
+    .unwrap();
+    let canceller = runtime.clone();
+    tokio::spawn(async move {
+        entered.notified().await;
+        canceller.cancel_by_thread("t");
+    });
+    let r = runtime
+        .auto_run(user("t", "go"), None, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "cancelled");
+}
+
+#[tokio::test]
+async fn session_tokens_add_up_across_user_messages_until_reset() {
+    let runtime = auto_runtime(experimenter(vec![0.1], "ok"));
+    let policy = || AutomationPolicy::from_json(r#"{"maxExperiments": 1}"#).unwrap();
+    let r = runtime
+        .auto_run(
+            user("t", "first message"),
+            policy(),
+            Arc::new(CollectingSink::new()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.tokens_used_session, 30);
+    // A plain run on the thread adds its tokens too.
+    let extra = runtime
+        .run_to_completion(user("t", "a plain question"))
+        .await
+        .unwrap();
+    assert_eq!(runtime.session_tokens("t"), 30 + extra.usage.total());
+    runtime.reset_session("t");
+    assert_eq!(runtime.session_tokens("t"), 0);
+    let r = runtime
+        .auto_run(
+            user("t", "second message"),
+            policy(),
+            Arc::new(CollectingSink::new()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        r.tokens_used_session, 30,
+        "the reset also cleared the reports: one more experiment was needed"
+    );
+    assert_eq!(runtime.session_tokens("other"), 0);
+}
+
+#[tokio::test]
+async fn a_round_that_cannot_start_is_an_error() {
+    let gate = Gate::new(true);
+    let entered = gate.entered.clone();
+    let runtime = builder_with(
+        ScriptedExecutor::new(vec![ScriptedResponse::tool_call("gate", json!({}))]),
+        spec(),
+    )
+    .with_tool("gate", Arc::new(gate))
+    .build()
+    .unwrap();
+    let handle = runtime.mailbox().submit(user("t", "busy")).await.unwrap();
+    entered.notified().await;
+    let err = runtime
+        .auto_run(user("t", "go"), None, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        RuntimeError::ThreadAlreadyRunning {
+            thread_id: "t".into()
+        }
+    );
+    handle.cancel();
+}

@@ -1,0 +1,625 @@
+//! Auto mode: goal-driven sessions of several runs ("rounds") on one
+//! thread, under an [`AutomationPolicy`].
+//!
+//! After each round, [`AgentRuntime::auto_run`] decides whether to start
+//! another round on the same thread or stop, checking in this order (the
+//! first that holds is the stop reason):
+//!
+//! | check | `stop_reason` |
+//! |---|---|
+//! | the round was cancelled / failed | `cancelled` / `run error: <message>` |
+//! | the guardrail blocks | `guardrail blocking` |
+//! | rounds ≥ the ceiling (20 by default; builder only) | `max rounds reached (N)` |
+//! | `strictHeuristics` and the answer reports a failure | `failure heuristic matched` |
+//! | `strictHeuristics` and the answer asks the user for input | `user-input heuristic matched` |
+//! | the goals hold on the latest completed report (AND / OR) | `automation goals reached` |
+//! | completed experiments ≥ `maxExperiments` | `max experiments reached (N/M)` |
+//! | session tokens ≥ `maxTokens` | `token budget reached (N/M)` |
+//! | the agent called `terminate` with `success` and no goal is unmet | `queue exhausted, no replan condition met` |
+//!
+//! Otherwise it **replans**: the next round starts with a continuation
+//! message naming the unmet goals. That covers every row of the source's
+//! replan table: no policy, unmet goals, experiment budget left, and only
+//! tokens/heuristics set all replan; a met stop condition never gets here.
+//!
+//! Reports ([`AutomationPlugin`]) and session tokens belong to the thread:
+//! every run on the thread adds to them, they outlive one `auto_run`, and
+//! [`AgentRuntime::reset_session`] clears both. They live in memory only.
+
+mod heuristics;
+mod metrics;
+mod policy;
+pub(crate) mod session;
+
+pub use heuristics::{
+    CLOSING_PARAGRAPH_CHARS, FAILURE_HARD_SIGNALS, FAILURE_SOFT_SIGNALS, USER_INPUT_PHRASES_EN,
+    USER_INPUT_PHRASES_ZH, closing_paragraph, looks_like_failure, looks_like_user_input_request,
+};
+pub use metrics::{AutomationPlugin, MetricsReport, MetricsReports};
+pub use policy::{AutomationPolicy, Goal, Logic, Operator};
+
+use std::sync::Arc;
+
+use rein_runtime_contract::event::{AgentEvent, EventSink};
+use rein_runtime_contract::lifecycle::TerminationReason;
+use rein_runtime_contract::message::Message;
+
+use crate::run::{AgentRunResult, RunRequest};
+use crate::runtime::{AgentRuntime, RuntimeError};
+use session::Session;
+
+/// The default hard ceiling on rounds per `auto_run`.
+pub const DEFAULT_AUTO_ROUND_CEILING: u32 = 20;
+
+/// A user-supplied check after every round; `Some(reason)` stops auto mode
+/// with `guardrail blocking` (the reason goes in a progress message).
+pub trait AutoGuardrail: Send + Sync {
+    /// Checks the round that just ended on `thread_id`.
+    fn check(&self, thread_id: &str, round: &AgentRunResult) -> Option<String>;
+}
+
+/// The outcome of an auto-mode session.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct AutoRunResult {
+    /// Why it stopped (one of the strings in the module docs).
+    pub stop_reason: String,
+    /// Rounds run.
+    pub rounds: u32,
+    /// The thread's session tokens when it stopped.
+    pub tokens_used_session: u64,
+    /// Every round's result, in order.
+    pub runs: Vec<AgentRunResult>,
+}
+
+/// What to do after a round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Decision {
+    Stop(String),
+    Replan,
+}
+
+/// The goals' verdict on the latest completed report.
+fn goals_met(policy: &AutomationPolicy, session: &Session) -> bool {
+    let Some(report) = session.latest_completed() else {
+        return false;
+    };
+    let holds = |g: &Goal| report.metrics.get(&g.metric).is_some_and(|v| g.holds(*v));
+    match policy.logic {
+        Logic::And => policy.goals.iter().all(holds),
+        Logic::Or => policy.goals.iter().any(holds),
+    }
+}
+
+fn declared_done(result: &AgentRunResult) -> bool {
+    matches!(&result.termination, TerminationReason::Stopped(r)
+        if r.code == "terminate" && r.detail.starts_with("status: success"))
+}
+
+/// The stop decision after round `round` (from 1), in the documented order.
+pub(crate) fn decide(
+    result: &AgentRunResult,
+    session: &Session,
+    policy: Option<&AutomationPolicy>,
+    round: u32,
+    ceiling: u32,
+    guardrail: Option<&str>,
+) -> Decision {
+    let stop = |s: String| Decision::Stop(s);
+    match &result.termination {
+        TerminationReason::Cancelled => return stop("cancelled".into()),
+        TerminationReason::Error(m) => return stop(format!("run error: {m}")),
+        _ => {}
+    }
+    if guardrail.is_some() {
+        return stop("guardrail blocking".into());
+    }
+    if round >= ceiling {
+        return stop(format!("max rounds reached ({ceiling})"));
+    }
+    if policy.is_none_or(AutomationPolicy::strict_heuristics) {
+        if looks_like_failure(&result.response) {
+            return stop("failure heuristic matched".into());
+        }
+        if looks_like_user_input_request(&result.response) {
+            return stop("user-input heuristic matched".into());
+        }
+    }
+    let has_goals = policy.is_some_and(|p| !p.goals.is_empty());
+    let met = policy.is_some_and(|p| has_goals && goals_met(p, session));
+    if met {
+        return stop("automation goals reached".into());
+    }
+    if let Some(max) = policy.and_then(|p| p.max_experiments) {
+        let done = session.completed();
+        if done >= max {
+            return stop(format!("max experiments reached ({done}/{max})"));
+        }
+    }
+    if let Some(max) = policy.and_then(|p| p.max_tokens)
+        && session.tokens >= max
+    {
+        return stop(format!("token budget reached ({}/{max})", session.tokens));
+    }
+    if declared_done(result) && !has_goals {
+        return stop("queue exhausted, no replan condition met".into());
+    }
+    Decision::Replan
+}
+
+/// The user message that starts a replanned round.
+pub(crate) fn continuation(
+    policy: Option<&AutomationPolicy>,
+    session: &Session,
+    next_round: u32,
+    ceiling: u32,
+) -> String {
+    let mut text = format!("Continue the task (auto-run round {next_round} of at most {ceiling}).");
+    let Some(policy) = policy else {
+        return text;
+    };
+    let latest = session.latest_completed();
+    let unmet: Vec<String> = policy
+        .goals
+        .iter()
+        .filter(|g| {
+            !latest
+                .and_then(|r| r.metrics.get(&g.metric))
+                .is_some_and(|v| g.holds(*v))
+        })
+        .map(|g| match latest.and_then(|r| r.metrics.get(&g.metric)) {
+            Some(v) => format!("{g} (latest: {v})"),
+            None => format!("{g} (not reported yet)"),
+        })
+        .collect();
+    if !unmet.is_empty() {
+        let logic = match policy.logic {
+            Logic::And => "all must hold",
+            Logic::Or => "any one suffices",
+        };
+        text.push_str(&format!(
+            " Unmet goals ({logic}): {}. Report each experiment's results with report_metrics.",
+            unmet.join("; ")
+        ));
+    }
+    if let Some(max) = policy.max_experiments {
+        text.push_str(&format!(
+            " Completed experiments: {}/{max}.",
+            session.completed()
+        ));
+    }
+    text
+}
+
+fn progress(
+    sink: &dyn EventSink,
+    round: &AgentRunResult,
+    message: String,
+    tokens: u64,
+    max_tokens: Option<u64>,
+) {
+    sink.emit(AgentEvent::Progress {
+        run_id: round.run_id.clone(),
+        thread_id: round.thread_id.clone(),
+        message,
+        tokens_used_session: tokens,
+        max_tokens,
+    });
+}
+
+impl AgentRuntime {
+    /// Runs `request` in auto mode: round after round on its thread until a
+    /// stop condition of `policy` (or the ceiling, the guardrail, a
+    /// cancelled or failed round) holds. A `progress` event follows every
+    /// round and the stop (`auto-run stop condition: <stop_reason>`); they go
+    /// to the request's event sink if it has one, else to `sink`.
+    ///
+    /// # Errors
+    ///
+    /// As for [`run`](Self::run), when the first round cannot start. Later
+    /// rounds that cannot start end the session with `run error: …`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future cancels the current round (see `run`); no further
+    /// round starts.
+    pub async fn auto_run(
+        &self,
+        request: RunRequest,
+        policy: Option<AutomationPolicy>,
+        sink: Arc<dyn EventSink>,
+    ) -> Result<AutoRunResult, RuntimeError> {
+        let policy = policy.filter(|p| !p.is_empty());
+        let sink = request.event_sink.clone().unwrap_or(sink);
+        let (ceiling, guardrail) = self.auto_settings();
+        let max_tokens = policy.as_ref().and_then(|p| p.max_tokens);
+        let thread = request.thread_id.clone();
+        let mut runs: Vec<AgentRunResult> = Vec::new();
+        let mut next = Some(request.clone());
+        while let Some(round_request) = next.take() {
+            let round = u32::try_from(runs.len())
+                .unwrap_or(u32::MAX)
+                .saturating_add(1);
+            let result = match self.run(round_request, sink.clone()).await {
+                Ok(result) => result,
+                Err(e) => {
+                    let Some(last) = runs.last() else {
+                        return Err(e);
+                    };
+                    let stop_reason = format!("run error: {e}");
+                    let tokens = self.session_tokens(&thread);
+                    progress(
+                        &*sink,
+                        last,
+                        format!("auto-run stop condition: {stop_reason}"),
+                        tokens,
+                        max_tokens,
+                    );
+                    return Ok(AutoRunResult {
+                        stop_reason,
+                        rounds: round - 1,
+                        tokens_used_session: tokens,
+                        runs,
+                    });
+                }
+            };
+            let session = self.session(&thread);
+            progress(
+                &*sink,
+                &result,
+                format!("auto-run round {round} finished: {}", result.termination),
+                session.tokens,
+                max_tokens,
+            );
+            let blocked = guardrail.as_ref().and_then(|g| g.check(&thread, &result));
+            if let Some(reason) = &blocked {
+                progress(
+                    &*sink,
+                    &result,
+                    format!("auto-run guardrail blocked: {reason}"),
+                    session.tokens,
+                    max_tokens,
+                );
+            }
+            match decide(
+                &result,
+                &session,
+                policy.as_ref(),
+                round,
+                ceiling,
+                blocked.as_deref(),
+            ) {
+                Decision::Stop(stop_reason) => {
+                    progress(
+                        &*sink,
+                        &result,
+                        format!("auto-run stop condition: {stop_reason}"),
+                        session.tokens,
+                        max_tokens,
+                    );
+                    runs.push(result);
+                    return Ok(AutoRunResult {
+                        stop_reason,
+                        rounds: round,
+                        tokens_used_session: session.tokens,
+                        runs,
+                    });
+                }
+                Decision::Replan => {
+                    let text = continuation(policy.as_ref(), &session, round + 1, ceiling);
+                    let mut again = request.clone();
+                    again.messages = vec![Message::user(text)];
+                    again.tool_choice = None;
+                    runs.push(result);
+                    next = Some(again);
+                }
+            }
+        }
+        // The loop only ends through a return above.
+        Err(RuntimeError::RunTaskFailed {
+            run_id: String::new(),
+            message: "auto_run ended without a decision".into(),
+        })
+    }
+
+    /// Tokens the thread's runs have used since the session started (or
+    /// was reset): every run on the thread adds its reported usage.
+    pub fn session_tokens(&self, thread_id: &str) -> u64 {
+        self.sessions().tokens(thread_id)
+    }
+
+    /// Clears the thread's session tokens and metric reports (the source's
+    /// `/new`). The thread's history is kept.
+    pub fn reset_session(&self, thread_id: &str) {
+        self.sessions().reset(thread_id);
+    }
+
+    fn session(&self, thread_id: &str) -> Session {
+        self.sessions().get(thread_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rein_runtime_contract::message::TokenUsage;
+    use std::collections::BTreeMap;
+
+    fn round(termination: TerminationReason, response: &str) -> AgentRunResult {
+        AgentRunResult {
+            run_id: "r".into(),
+            thread_id: "t".into(),
+            termination,
+            response: response.into(),
+            steps: 1,
+            usage: TokenUsage::default(),
+            usage_complete: true,
+            cancel_cause: None,
+            outputs: BTreeMap::new(),
+            reports: Vec::new(),
+        }
+    }
+
+    fn natural(response: &str) -> AgentRunResult {
+        round(TerminationReason::NaturalEnd, response)
+    }
+
+    fn report(pairs: &[(&str, f64)], status: &str) -> MetricsReport {
+        MetricsReport {
+            metrics: pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            status: status.into(),
+        }
+    }
+
+    fn session(reports: Vec<MetricsReport>, tokens: u64) -> Session {
+        Session { tokens, reports }
+    }
+
+    fn policy(json: &str) -> AutomationPolicy {
+        AutomationPolicy::from_json(json).unwrap().unwrap()
+    }
+
+    fn stop(s: &str) -> Decision {
+        Decision::Stop(s.into())
+    }
+
+    #[test]
+    fn the_replan_table_row_by_row() {
+        let s = session(vec![], 0);
+        // No policy: replan (the ceiling and the heuristics still apply).
+        assert_eq!(
+            decide(&natural("done"), &s, None, 1, 20, None),
+            Decision::Replan
+        );
+        // Goals unmet: replan, even after the agent declared it is done.
+        let goals = policy(r#"{"goals": [{"metric": "F1", "operator": ">", "value": 0.9}]}"#);
+        let done = round(
+            TerminationReason::stopped("terminate", "status: success"),
+            "all done",
+        );
+        assert_eq!(
+            decide(
+                &done,
+                &session(vec![report(&[("F1", 0.5)], "completed")], 0),
+                Some(&goals),
+                1,
+                20,
+                None
+            ),
+            Decision::Replan
+        );
+        // Experiment budget left: replan.
+        let budget = policy(r#"{"maxExperiments": 3}"#);
+        assert_eq!(
+            decide(
+                &natural("ok"),
+                &session(vec![report(&[], "completed")], 0),
+                Some(&budget),
+                1,
+                20,
+                None
+            ),
+            Decision::Replan
+        );
+        // Only tokens / heuristics set: replan.
+        let tokens = policy(r#"{"maxTokens": 1000, "strictHeuristics": false}"#);
+        assert_eq!(
+            decide(
+                &natural("ok"),
+                &session(vec![], 10),
+                Some(&tokens),
+                1,
+                20,
+                None
+            ),
+            Decision::Replan
+        );
+        // A stop condition already met: no replan.
+        assert_eq!(
+            decide(
+                &natural("ok"),
+                &session(vec![], 1000),
+                Some(&tokens),
+                1,
+                20,
+                None
+            ),
+            stop("token budget reached (1000/1000)")
+        );
+        // Declared done, no unmet goal: the queue is exhausted.
+        assert_eq!(
+            decide(&done, &s, None, 1, 20, None),
+            stop("queue exhausted, no replan condition met")
+        );
+        assert_eq!(
+            decide(&done, &s, Some(&budget), 1, 20, None),
+            stop("queue exhausted, no replan condition met")
+        );
+    }
+
+    #[test]
+    fn precedence_follows_the_documented_order() {
+        let goals = policy(
+            r#"{"goals": [{"metric": "F1", "operator": ">=", "value": 0.9}], "maxExperiments": 1, "maxTokens": 10}"#,
+        );
+        let met = session(vec![report(&[("F1", 0.95)], "completed")], 50);
+        let failing = natural("All good.\n\nI cannot continue because the disk is full.");
+        // Heuristics beat goals.
+        assert_eq!(
+            decide(&failing, &met, Some(&goals), 1, 20, None),
+            stop("failure heuristic matched")
+        );
+        // The ceiling beats everything but the guardrail.
+        assert_eq!(
+            decide(&failing, &met, Some(&goals), 20, 20, None),
+            stop("max rounds reached (20)")
+        );
+        assert_eq!(
+            decide(&failing, &met, Some(&goals), 20, 20, Some("bad plan")),
+            stop("guardrail blocking")
+        );
+        // Failure before user input.
+        let both = natural("Sorry, I encountered an error.\n\nPlease confirm how to go on.");
+        assert_eq!(
+            decide(&both, &met, None, 1, 20, None),
+            stop("failure heuristic matched")
+        );
+        let asking = natural("Done with step 1.\n\nShall I proceed with step 2?");
+        assert_eq!(
+            decide(&asking, &met, None, 1, 20, None),
+            stop("user-input heuristic matched")
+        );
+        // Goals before experiments before tokens.
+        assert_eq!(
+            decide(&natural("ok"), &met, Some(&goals), 1, 20, None),
+            stop("automation goals reached")
+        );
+        let unmet = session(vec![report(&[("F1", 0.5)], "completed")], 50);
+        assert_eq!(
+            decide(&natural("ok"), &unmet, Some(&goals), 1, 20, None),
+            stop("max experiments reached (1/1)")
+        );
+        let no_experiments = session(vec![report(&[("F1", 0.5)], "failed")], 50);
+        assert_eq!(
+            decide(&natural("ok"), &no_experiments, Some(&goals), 1, 20, None),
+            stop("token budget reached (50/10)")
+        );
+        // strictHeuristics false disables both heuristics.
+        let lax = policy(r#"{"strictHeuristics": false}"#);
+        assert_eq!(
+            decide(&failing, &unmet, Some(&lax), 1, 20, None),
+            Decision::Replan
+        );
+        assert_eq!(
+            decide(&asking, &unmet, Some(&lax), 1, 20, None),
+            Decision::Replan
+        );
+    }
+
+    #[test]
+    fn unfinished_rounds_stop_first() {
+        let s = session(vec![], 0);
+        assert_eq!(
+            decide(
+                &round(TerminationReason::Cancelled, ""),
+                &s,
+                None,
+                1,
+                20,
+                Some("x")
+            ),
+            stop("cancelled")
+        );
+        assert_eq!(
+            decide(
+                &round(TerminationReason::Error("boom".into()), ""),
+                &s,
+                None,
+                1,
+                20,
+                None
+            ),
+            stop("run error: boom")
+        );
+    }
+
+    #[test]
+    fn and_or_every_operator_exact_names_and_the_latest_report_only() {
+        let and = policy(
+            r#"{"logic": "AND", "goals": [{"metric": "Val ACC", "operator": ">=", "value": 0.9}, {"metric": "Val Loss", "operator": "<", "value": 0.2}]}"#,
+        );
+        let or = policy(
+            r#"{"logic": "or", "goals": [{"metric": "Val ACC", "operator": ">=", "value": 0.9}, {"metric": "Val Loss", "operator": "<", "value": 0.2}]}"#,
+        );
+        let one = session(
+            vec![report(&[("Val ACC", 0.95), ("Val Loss", 0.3)], "completed")],
+            0,
+        );
+        let both = session(
+            vec![report(&[("Val ACC", 0.95), ("Val Loss", 0.1)], "completed")],
+            0,
+        );
+        assert!(!goals_met(&and, &one));
+        assert!(goals_met(&or, &one));
+        assert!(goals_met(&and, &both));
+        // Exact names: case and spaces matter.
+        let wrong_name = session(
+            vec![report(
+                &[("val acc", 0.99), ("Val  Loss", 0.0)],
+                "completed",
+            )],
+            0,
+        );
+        assert!(!goals_met(&or, &wrong_name));
+        // Only the latest completed report counts, not the best.
+        let regressed = session(
+            vec![
+                report(&[("Val ACC", 0.99), ("Val Loss", 0.01)], "completed"),
+                report(&[("Val ACC", 0.5), ("Val Loss", 0.5)], "completed"),
+            ],
+            0,
+        );
+        assert!(!goals_met(&or, &regressed));
+        // A later report that is not completed does not replace it.
+        let pending = session(
+            vec![
+                report(&[("Val ACC", 0.99), ("Val Loss", 0.01)], "finished"),
+                report(&[("Val ACC", 0.1)], "running"),
+            ],
+            0,
+        );
+        assert!(goals_met(&and, &pending));
+        for (op, value, expected) in [
+            (">", 0.5, false),
+            (">", 0.4, true),
+            (">=", 0.5, true),
+            ("<", 0.5, false),
+            ("<", 0.6, true),
+            ("<=", 0.5, true),
+            ("==", 0.5, true),
+            ("==", 0.4, false),
+        ] {
+            let p = policy(&format!(
+                r#"{{"goals": [{{"metric": "m", "operator": "{op}", "value": {value}}}]}}"#
+            ));
+            let s = session(vec![report(&[("m", 0.5)], "completed")], 0);
+            assert_eq!(goals_met(&p, &s), expected, "0.5 {op} {value}");
+        }
+    }
+
+    #[test]
+    fn the_continuation_names_unmet_goals() {
+        let p = policy(
+            r#"{"goals": [{"metric": "F1", "operator": ">", "value": 0.9}, {"metric": "AUC", "operator": ">", "value": 0.8}], "maxExperiments": 5}"#,
+        );
+        let s = session(vec![report(&[("F1", 0.7), ("AUC", 0.85)], "completed")], 0);
+        assert_eq!(
+            continuation(Some(&p), &s, 2, 20),
+            "Continue the task (auto-run round 2 of at most 20). Unmet goals (all must hold): F1 > 0.9 (latest: 0.7). Report each experiment's results with report_metrics. Completed experiments: 1/5."
+        );
+        assert_eq!(
+            continuation(None, &s, 3, 20),
+            "Continue the task (auto-run round 3 of at most 20)."
+        );
+    }
+}
