@@ -35,9 +35,15 @@ impl Tool for Weather {
         }))
     }
 
-    async fn execute(&self, args: serde_json::Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(
+        &self,
+        args: serde_json::Value,
+        _ctx: &ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
         let city = args["city"].as_str().unwrap_or("Paris");
-        Ok(ToolOutput::json(json!({ "city": city, "sky": "light rain", "celsius": 14 })))
+        Ok(ToolOutput::json(
+            json!({ "city": city, "sky": "light rain", "celsius": 14 }),
+        ))
     }
 }
 
@@ -50,9 +56,15 @@ impl EventSink for Printer {
                 print!("{delta}");
                 let _ = std::io::stdout().flush();
             }
-            AgentEvent::ToolCallStarted { name, arguments, .. } => println!("\n[tool call] {name} {arguments}"),
-            AgentEvent::ToolCallFinished { name, result, .. } => println!("[tool result] {name}: {result}"),
-            AgentEvent::InferenceRetry { error, delay_ms, .. } => println!("\n[retry in {delay_ms} ms] {error}"),
+            AgentEvent::ToolCallStarted {
+                name, arguments, ..
+            } => println!("\n[tool call] {name} {arguments}"),
+            AgentEvent::ToolCallFinished { name, result, .. } => {
+                println!("[tool result] {name}: {result}")
+            }
+            AgentEvent::InferenceRetry {
+                error, delay_ms, ..
+            } => println!("\n[retry in {delay_ms} ms] {error}"),
             _ => {}
         }
     }
@@ -80,11 +92,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_agent_spec(
             AgentSpec::new("assistant")
                 .with_model_id("live")
-                .with_system_prompt("You are a concise assistant. Use the weather tool for weather questions.")
+                .with_system_prompt(
+                    "You are a concise assistant. Use the weather tool for weather questions.",
+                )
                 .with_max_rounds(4)
                 .with_tool_choice(spec_choice),
         )
-        .with_model(ModelSpec::new("live", "provider", model).with_temperature(0.0).with_max_output_tokens(64))
+        .with_model(
+            ModelSpec::new("live", "provider", model)
+                .with_temperature(0.0)
+                .with_max_output_tokens(64),
+        )
         .with_provider("provider", Arc::new(executor))
         .with_tool("weather", Arc::new(Weather))
         .build()?;
@@ -97,7 +115,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let result = runtime.run(request, Arc::new(Printer)).await?;
     println!("\ntermination: {}", result.termination);
-    let usage = if result.usage_complete { format!("{:?}", result.usage) } else { "not fully reported".to_owned() };
+    let usage = if result.usage_complete {
+        format!("{:?}", result.usage)
+    } else {
+        "not fully reported".to_owned()
+    };
     println!("rounds: {}, usage: {usage}", result.steps);
     Ok(())
 }

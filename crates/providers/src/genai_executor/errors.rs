@@ -1,0 +1,401 @@
+//! Error classification for [`GenaiExecutor`](super::GenaiExecutor): genai's
+//! errors, HTTP statuses and bodies, `Retry-After` headers, transport
+//! failures and in-stream error events, turned into [`InferenceError`]s of
+//! the right [`InferenceErrorKind`], with the provider's body quoted as a
+//! short one-line snippet.
+//!
+//! It does not own when errors happen or what is retried: the executor
+//! (`mod.rs`) and the stream (`stream.rs`) say which [`Phase`] failed, and
+//! the runtime decides on retries from the kind.
+
+use std::time::Duration;
+
+use rein_runtime_contract::inference::{InferenceError, InferenceErrorKind};
+
+/// Longest provider body quoted in an error message, in characters.
+const SNIPPET_CHARS: usize = 300;
+
+/// Where a failure happened: before the provider answered, or mid-stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    Open,
+    Stream,
+}
+
+/// Classifies an HTTP failure from its status, body and `Retry-After`.
+///
+/// 429 → rate limited; 503/529 → overloaded; 408/504 → timeout; other 5xx →
+/// server; 400/422 (and 413) mentioning the context length → context
+/// overflow; 400/422 → invalid request; 401/403 → unauthorized; 404 → not
+/// found; anything else, or no status → other.
+pub(super) fn classify(
+    status: Option<u16>,
+    body: &str,
+    retry_after: Option<Duration>,
+) -> InferenceError {
+    let quoted = snippet(body);
+    let Some(status) = status else {
+        let message = if quoted.is_empty() {
+            "the request failed".to_owned()
+        } else {
+            quoted
+        };
+        return InferenceError::new(InferenceErrorKind::Other, message);
+    };
+    let message = if quoted.is_empty() {
+        format!("HTTP {status}")
+    } else {
+        format!("HTTP {status}: {quoted}")
+    };
+    match status {
+        429 => InferenceError::rate_limited(message, retry_after),
+        503 | 529 => InferenceError::overloaded(message),
+        408 | 504 => InferenceError::timeout(message),
+        500..=599 => InferenceError::server(message),
+        400 | 413 | 422 if mentions_context_overflow(body) => {
+            InferenceError::context_overflow(message)
+        }
+        400 | 422 => InferenceError::invalid_request(message),
+        401 | 403 => InferenceError::unauthorized(message),
+        404 => InferenceError::not_found(message),
+        _ => InferenceError::new(InferenceErrorKind::Other, message),
+    }
+}
+
+/// Whether a provider's error body says the prompt is over the context window.
+fn mentions_context_overflow(body: &str) -> bool {
+    const PHRASES: [&str; 8] = [
+        "context_length_exceeded",
+        "context length",
+        "context window",
+        "context_window",
+        "too many tokens",
+        "prompt is too long",
+        "input is too long",
+        "input token count",
+    ];
+    let body = body.to_lowercase();
+    PHRASES.iter().any(|phrase| body.contains(phrase))
+}
+
+/// The delay a `Retry-After` header asks for: whole (or fractional) seconds.
+/// The HTTP-date form is not understood (`None`). `retry-after-ms`, which
+/// OpenAI also sends, is used when `Retry-After` is absent.
+pub(super) fn parse_retry_after(
+    retry_after: Option<&str>,
+    retry_after_ms: Option<&str>,
+) -> Option<Duration> {
+    if let Some(value) = retry_after {
+        let value = value.trim();
+        if let Ok(seconds) = value.parse::<u64>() {
+            return Some(Duration::from_secs(seconds));
+        }
+        return value
+            .parse::<f64>()
+            .ok()
+            .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok());
+    }
+    retry_after_ms
+        .and_then(|value| value.trim().parse::<u64>().ok())
+        .map(Duration::from_millis)
+}
+
+/// Classifies a genai error.
+pub(super) fn classify_genai_error(error: &genai::Error, phase: Phase) -> InferenceError {
+    use genai::Error as E;
+    match error {
+        E::HttpError { status, body, .. } => {
+            classify(Some(status.as_u16()), body, retry_after_of(error))
+        }
+        E::WebModelCall { webc_error, .. } | E::WebAdapterCall { webc_error, .. } => {
+            classify_webc_error(webc_error, retry_after_of(error), phase)
+        }
+        E::WebStream {
+            error: source,
+            cause,
+            ..
+        } => {
+            if let Some(inner) = source.downcast_ref::<genai::Error>() {
+                return classify_genai_error(inner, phase);
+            }
+            if let Some(timeout) = source.downcast_ref::<genai::webc::StreamTimeout>() {
+                return InferenceError::timeout(format!("{timeout} (request timeout)"));
+            }
+            classify_transport(source.as_ref(), cause, phase)
+        }
+        E::StreamParse { serde_error, .. } => {
+            InferenceError::stream_cut(format!("malformed or truncated stream data: {serde_error}"))
+        }
+        E::ChatResponse { body, .. } => classify_error_event(&body.to_string()),
+        E::RequiresApiKey { .. } | E::NoAuthResolver { .. } | E::NoAuthData { .. } => {
+            InferenceError::unauthorized(snippet(&error.to_string()))
+        }
+        E::Resolver {
+            resolver_error: genai::resolver::Error::ApiKeyEnvNotFound { env_name },
+            model_iden,
+        } => InferenceError::unauthorized(format!(
+            "no API key for model {model_iden}: environment variable {env_name} is not set"
+        )),
+        E::ChatReqHasNoMessages { .. }
+        | E::LastChatMessageIsNotUser { .. }
+        | E::MessageRoleNotSupported { .. }
+        | E::MessageContentTypeNotSupported { .. }
+        | E::JsonModeWithoutInstruction
+        | E::AdapterNotSupported { .. }
+        | E::AdapterKindMismatch { .. }
+        | E::CacheBreakpointNoEligibleContent { .. } => {
+            InferenceError::invalid_request(snippet(&error.to_string()))
+        }
+        _ => InferenceError::new(InferenceErrorKind::Other, snippet(&error.to_string())),
+    }
+}
+
+/// The `Retry-After` of a failed HTTP response, when genai kept its headers.
+fn retry_after_of(error: &genai::Error) -> Option<Duration> {
+    let headers = error.headers()?;
+    let header = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+    parse_retry_after(header("retry-after"), header("retry-after-ms"))
+}
+
+/// Classifies a failure of genai's HTTP layer.
+fn classify_webc_error(
+    error: &genai::webc::Error,
+    retry_after: Option<Duration>,
+    phase: Phase,
+) -> InferenceError {
+    use genai::webc::Error as W;
+    match error {
+        W::ResponseFailedStatus { status, body, .. } => {
+            classify(Some(status.as_u16()), body, retry_after)
+        }
+        W::Reqwest(source) => classify_transport(source, &source.to_string(), phase),
+        W::ResponseFailedNotJson { content_type, body } => InferenceError::new(
+            InferenceErrorKind::Other,
+            format!(
+                "unexpected response content type {content_type:?}: {}",
+                snippet(body)
+            ),
+        ),
+        _ => InferenceError::new(InferenceErrorKind::Other, snippet(&error.to_string())),
+    }
+}
+
+/// Downcasts to the type of `variant`'s field: names `reqwest::Error` through
+/// `genai::webc::Error::Reqwest` without a direct dependency on reqwest.
+fn downcast_field<'e, T: std::error::Error + 'static, U>(
+    _variant: fn(T) -> U,
+    error: &'e (dyn std::error::Error + 'static),
+) -> Option<&'e T> {
+    error.downcast_ref::<T>()
+}
+
+/// Classifies a transport failure (no HTTP status): a timeout, a request
+/// that could not be built, else a connection failure before the provider
+/// answered or a cut stream after.
+fn classify_transport(
+    error: &(dyn std::error::Error + 'static),
+    cause: &str,
+    phase: Phase,
+) -> InferenceError {
+    let message = snippet(&error_chain(error, cause));
+    if let Some(reqwest) = downcast_field(genai::webc::Error::Reqwest, error) {
+        if reqwest.is_timeout() {
+            return InferenceError::timeout(message);
+        }
+        if reqwest.is_builder() {
+            return InferenceError::invalid_request(message);
+        }
+    }
+    match phase {
+        Phase::Open => InferenceError::connection(message),
+        Phase::Stream => InferenceError::stream_cut(message),
+    }
+}
+
+/// `cause` followed by the error's sources, `: `-separated.
+fn error_chain(error: &(dyn std::error::Error + 'static), cause: &str) -> String {
+    let mut chain = cause.to_owned();
+    let mut source = error.source();
+    while let Some(next) = source {
+        let text = next.to_string();
+        if !chain.contains(&text) {
+            chain.push_str(": ");
+            chain.push_str(&text);
+        }
+        source = next.source();
+    }
+    chain
+}
+
+/// Classifies an error event inside a 200 stream (e.g. Anthropic's
+/// `overloaded_error`, OpenAI's `server_error`) from its body.
+pub(super) fn classify_error_event(body: &str) -> InferenceError {
+    let message = format!("provider error event: {}", snippet(body));
+    let lower = body.to_lowercase();
+    if lower.contains("overloaded") {
+        InferenceError::overloaded(message)
+    } else if lower.contains("rate_limit") || lower.contains("rate limit") {
+        InferenceError::rate_limited(message, None)
+    } else if mentions_context_overflow(&lower) {
+        InferenceError::context_overflow(message)
+    } else if lower.contains("invalid_request") {
+        InferenceError::invalid_request(message)
+    } else if lower.contains("authentication") || lower.contains("permission") {
+        InferenceError::unauthorized(message)
+    } else {
+        InferenceError::server(message)
+    }
+}
+
+/// `text` on one line, at most [`SNIPPET_CHARS`] characters (`…` when cut).
+pub(super) fn snippet(text: &str) -> String {
+    // Bound the work on huge bodies before collapsing whitespace.
+    let head: String = text.chars().take(SNIPPET_CHARS * 4).collect();
+    let collapsed = head.split_whitespace().collect::<Vec<_>>().join(" ");
+    if collapsed.chars().count() > SNIPPET_CHARS {
+        let mut cut: String = collapsed.chars().take(SNIPPET_CHARS - 1).collect();
+        cut.push('…');
+        cut
+    } else {
+        collapsed
+    }
+}
+
+/// A duration in seconds for messages: `30`, `0.25`.
+pub(super) fn secs(duration: Duration) -> String {
+    duration.as_secs_f64().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use genai::adapter::AdapterKind;
+
+    #[test]
+    fn classify_maps_every_status_row() {
+        use InferenceErrorKind as K;
+        let rows: &[(Option<u16>, &str, K)] = &[
+            (Some(429), "slow down", K::RateLimited),
+            (Some(503), "unavailable", K::Overloaded),
+            (Some(529), "overloaded_error", K::Overloaded),
+            (Some(408), "", K::Timeout),
+            (Some(504), "gateway timeout", K::Timeout),
+            (Some(500), "boom", K::Server),
+            (Some(502), "bad gateway", K::Server),
+            (
+                Some(400),
+                r#"{"error":{"message":"bad field"}}"#,
+                K::InvalidRequest,
+            ),
+            (Some(422), "unprocessable", K::InvalidRequest),
+            (
+                Some(400),
+                r#"{"error":{"code":"context_length_exceeded"}}"#,
+                K::ContextOverflow,
+            ),
+            (
+                Some(400),
+                "This model's maximum context length is 8192 tokens",
+                K::ContextOverflow,
+            ),
+            (
+                Some(400),
+                "the request exceeds the Context Window",
+                K::ContextOverflow,
+            ),
+            (Some(400), "Too many tokens in prompt", K::ContextOverflow),
+            (
+                Some(400),
+                "prompt is too long: 210000 tokens > 200000 maximum",
+                K::ContextOverflow,
+            ),
+            (Some(401), "bad key", K::Unauthorized),
+            (Some(403), "forbidden", K::Unauthorized),
+            (Some(404), "no such model", K::NotFound),
+            (Some(409), "conflict", K::Other),
+            (Some(302), "moved", K::Other),
+            (None, "something odd", K::Other),
+            (None, "", K::Other),
+        ];
+        for (status, body, kind) in rows {
+            let error = classify(*status, body, None);
+            assert_eq!(error.kind(), *kind, "status {status:?}, body {body:?}");
+        }
+    }
+
+    #[test]
+    fn classify_keeps_retry_after_status_and_a_trimmed_body() {
+        let error = classify(
+            Some(429),
+            "  too\n many   requests ",
+            Some(Duration::from_secs(7)),
+        );
+        assert!(error.is_retryable());
+        assert_eq!(error.retry_after(), Some(Duration::from_secs(7)));
+        assert_eq!(error.message(), "HTTP 429: too many requests");
+
+        let long = "x".repeat(5_000);
+        let error = classify(Some(500), &long, None);
+        let quoted = error.message().trim_start_matches("HTTP 500: ");
+        assert_eq!(quoted.chars().count(), SNIPPET_CHARS);
+        assert!(quoted.ends_with('…'));
+        assert_eq!(classify(Some(404), "", None).message(), "HTTP 404");
+    }
+
+    #[test]
+    fn retry_after_parses_seconds_and_milliseconds() {
+        assert_eq!(
+            parse_retry_after(Some(" 7 "), None),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            parse_retry_after(Some("1.5"), None),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            parse_retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT"), Some("5")),
+            None
+        );
+        assert_eq!(
+            parse_retry_after(None, Some("250")),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(parse_retry_after(None, None), None);
+        assert_eq!(parse_retry_after(Some("-3"), None), None);
+    }
+
+    #[test]
+    fn error_events_are_classified_by_body() {
+        use InferenceErrorKind as K;
+        let cases = [
+            (
+                r#"{"type":"overloaded_error","message":"Overloaded"}"#,
+                K::Overloaded,
+            ),
+            (r#"{"type":"rate_limit_error"}"#, K::RateLimited),
+            (r#"{"code":"context_length_exceeded"}"#, K::ContextOverflow),
+            (r#"{"type":"invalid_request_error"}"#, K::InvalidRequest),
+            (r#"{"type":"authentication_error"}"#, K::Unauthorized),
+            (
+                r#"{"message":"Error in input stream","type":"server_error"}"#,
+                K::Server,
+            ),
+        ];
+        for (body, kind) in cases {
+            assert_eq!(classify_error_event(body).kind(), kind, "{body}");
+        }
+    }
+
+    #[test]
+    fn missing_api_key_is_unauthorized() {
+        let error = genai::Error::Resolver {
+            model_iden: genai::ModelIden::new(AdapterKind::OpenAI, "gpt-4o-mini"),
+            resolver_error: genai::resolver::Error::ApiKeyEnvNotFound {
+                env_name: "OPENAI_API_KEY".to_owned(),
+            },
+        };
+        let classified = classify_genai_error(&error, Phase::Open);
+        assert_eq!(classified.kind(), InferenceErrorKind::Unauthorized);
+        assert!(classified.message().contains("OPENAI_API_KEY"));
+    }
+}

@@ -1,0 +1,312 @@
+//! Tests of the whole executor against a canned HTTP server on 127.0.0.1:
+//! requests as sent on the wire, streamed and non-streamed answers, HTTP
+//! errors, cut and idle streams, refused connections.
+
+use super::mapping::tests::search_tool;
+use super::*;
+use futures::StreamExt;
+use rein_runtime_contract::inference::{InferenceDelta, ToolChoice};
+use rein_runtime_contract::message::{Message, TokenUsage, ToolCall};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[test]
+fn invalid_base_url_fails_every_open_without_retry() {
+    let executor = GenaiExecutor::openai_compatible("localhost:8080/v1", None);
+    let error = executor.client.as_ref().err().cloned();
+    assert_eq!(
+        error.map(|e| e.kind()),
+        Some(InferenceErrorKind::InvalidRequest)
+    );
+}
+
+// -- canned HTTP server -------------------------------------------------
+
+/// Reads one HTTP request (headers and `Content-Length` body).
+async fn read_request(socket: &mut TcpStream) -> String {
+    let mut buf = Vec::new();
+    let mut chunk = [0_u8; 4096];
+    loop {
+        let n = socket.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "client closed before sending a request");
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + length {
+                return text[end + 4..].to_string();
+            }
+        }
+    }
+}
+
+/// Serves one request on 127.0.0.1 with `response`, then closes.
+/// Returns the base URL and a handle yielding the request body.
+async fn serve_once(response: String) -> (String, tokio::task::JoinHandle<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let handle = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let body = read_request(&mut socket).await;
+        socket.write_all(response.as_bytes()).await.unwrap();
+        socket.flush().await.unwrap();
+        let _ = socket.shutdown().await;
+        body
+    });
+    (format!("http://{address}/v1"), handle)
+}
+
+fn sse(events: &[&str]) -> String {
+    let mut response = String::from(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n",
+    );
+    for event in events {
+        response.push_str("data: ");
+        response.push_str(event);
+        response.push_str("\n\n");
+    }
+    response
+}
+
+fn local(base_url: &str) -> GenaiExecutor {
+    GenaiExecutor::openai_compatible(base_url, None)
+        .with_request_timeout(Duration::from_secs(10))
+        .with_idle_timeout(Duration::from_secs(10))
+}
+
+async fn collect(stream: InferenceStream) -> Vec<Result<InferenceDelta, InferenceError>> {
+    tokio::time::timeout(Duration::from_secs(20), stream.collect::<Vec<_>>())
+        .await
+        .expect("stream did not finish")
+}
+
+const TEXT_1: &str = r#"{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"Hello"},"finish_reason":null}]}"#;
+const TEXT_2: &str = r#"{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" world"},"finish_reason":null}]}"#;
+const CALL_1: &str = r#"{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"search","arguments":"{\"q\":"}}]},"finish_reason":null}]}"#;
+const CALL_2: &str = r#"{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"rust\"}"}}]},"finish_reason":"tool_calls"}]}"#;
+const USAGE: &str = r#"{"id":"c1","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":11,"completion_tokens":7,"total_tokens":18}}"#;
+
+#[tokio::test]
+async fn streams_text_then_one_tool_call_then_usage() {
+    let (base_url, server) =
+        serve_once(sse(&[TEXT_1, TEXT_2, CALL_1, CALL_2, USAGE, "[DONE]"])).await;
+    let mut request = InferenceRequest::new("local-model", vec![Message::user("find rust")])
+        .with_system("you are helpful")
+        .with_tools(vec![search_tool()]);
+    request.tool_choice = ToolChoice::Required;
+
+    let stream = local(&base_url).open(&request).await.unwrap();
+    let items: Vec<_> = collect(stream)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        items,
+        [
+            InferenceDelta::Text {
+                text: "Hello".into()
+            },
+            InferenceDelta::Text {
+                text: " world".into()
+            },
+            InferenceDelta::ToolCall {
+                call: ToolCall::new("call_1", "search", json!({"q": "rust"}))
+            },
+            InferenceDelta::Usage {
+                usage: TokenUsage::new(11, 7)
+            },
+        ]
+    );
+
+    let sent: Value = serde_json::from_str(&server.await.unwrap()).unwrap();
+    assert_eq!(sent["model"], "local-model");
+    assert_eq!(sent["stream"], true);
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    assert_eq!(sent["tool_choice"], "required");
+    assert_eq!(sent["tools"][0]["function"]["name"], "search");
+    assert_eq!(
+        sent["messages"][0],
+        json!({"role": "system", "content": "you are helpful"})
+    );
+    assert_eq!(
+        sent["messages"][1],
+        json!({"role": "user", "content": "find rust"})
+    );
+}
+
+#[tokio::test]
+async fn streamed_tool_call_with_invalid_json_is_emitted_wrapped() {
+    const BAD_CALL: &str = r#"{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_7","type":"function","function":{"name":"search","arguments":"{\"q\": rust"}}]},"finish_reason":"tool_calls"}]}"#;
+    let (base_url, _server) = serve_once(sse(&[BAD_CALL, "[DONE]"])).await;
+    let request = InferenceRequest::new("local-model", vec![Message::user("hi")])
+        .with_tools(vec![search_tool()]);
+    let stream = local(&base_url).open(&request).await.unwrap();
+    let items = collect(stream).await;
+    assert_eq!(items.len(), 1, "{items:?}");
+    let Ok(InferenceDelta::ToolCall { call }) = &items[0] else {
+        panic!("expected a tool call, got {items:?}");
+    };
+    assert_eq!(call.id, "call_7");
+    assert_eq!(call.arguments["_raw_arguments"], r#"{"q": rust"#);
+    assert!(call.arguments["_error"].is_string());
+}
+
+#[tokio::test]
+async fn rate_limit_is_retryable_with_retry_after() {
+    let body = r#"{"error":{"message":"Rate limit reached","type":"requests"}}"#;
+    let response = format!(
+        "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (base_url, server) = serve_once(response).await;
+    let mut request = InferenceRequest::new("local-model", vec![Message::user("hi")]);
+    request.tool_choice = ToolChoice::Required; // no tools: must not be sent
+
+    let error = match local(&base_url).open(&request).await {
+        Ok(_) => panic!("a 429 must fail the open"),
+        Err(error) => error,
+    };
+    assert_eq!(error.kind(), InferenceErrorKind::RateLimited);
+    assert!(error.is_retryable());
+    assert_eq!(error.retry_after(), Some(Duration::from_secs(7)));
+    assert!(
+        error.message().starts_with("HTTP 429"),
+        "{}",
+        error.message()
+    );
+    assert!(error.message().contains("Rate limit reached"));
+
+    let sent: Value = serde_json::from_str(&server.await.unwrap()).unwrap();
+    assert!(sent.get("tool_choice").is_none(), "{sent}");
+    assert!(sent.get("tools").is_none(), "{sent}");
+}
+
+#[tokio::test]
+async fn a_stream_cut_before_done_ends_with_stream_cut() {
+    let (base_url, _server) = serve_once(sse(&[TEXT_1, TEXT_2])).await;
+    let request = InferenceRequest::new("local-model", vec![Message::user("hi")]);
+    let stream = local(&base_url).open(&request).await.unwrap();
+    let items = collect(stream).await;
+    assert_eq!(items.len(), 3, "{items:?}");
+    assert_eq!(
+        items[0],
+        Ok(InferenceDelta::Text {
+            text: "Hello".into()
+        })
+    );
+    let last = items[2].as_ref().unwrap_err();
+    assert_eq!(last.kind(), InferenceErrorKind::StreamCut);
+    assert!(last.is_retryable());
+}
+
+#[tokio::test]
+async fn a_stream_cut_mid_event_ends_with_stream_cut() {
+    let mut response = sse(&[TEXT_1]);
+    response.push_str(r#"data: {"id":"c1","choices":[{"index":0,"delta":{"cont"#);
+    let (base_url, _server) = serve_once(response).await;
+    let request = InferenceRequest::new("local-model", vec![Message::user("hi")]);
+    let stream = local(&base_url).open(&request).await.unwrap();
+    let items = collect(stream).await;
+    assert_eq!(items.len(), 2, "{items:?}");
+    let last = items[1].as_ref().unwrap_err();
+    assert_eq!(last.kind(), InferenceErrorKind::StreamCut);
+}
+
+#[tokio::test]
+async fn idle_stream_times_out_and_dropping_closes_the_connection() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        read_request(&mut socket).await;
+        socket.write_all(sse(&[TEXT_1]).as_bytes()).await.unwrap();
+        socket.flush().await.unwrap();
+        // Stall; the next read returns 0 once the client hangs up.
+        let mut rest = [0_u8; 64];
+        while socket.read(&mut rest).await.unwrap_or(0) > 0 {}
+    });
+    let executor = local(&base_url).with_idle_timeout(Duration::from_millis(300));
+    let request = InferenceRequest::new("local-model", vec![Message::user("hi")]);
+    let mut stream = executor.open(&request).await.unwrap();
+    assert_eq!(
+        stream.next().await,
+        Some(Ok(InferenceDelta::Text {
+            text: "Hello".into()
+        }))
+    );
+    let error = stream.next().await.unwrap().unwrap_err();
+    assert_eq!(error.kind(), InferenceErrorKind::Timeout);
+    assert!(error.message().contains("no stream event for 0.3 s"));
+    assert_eq!(stream.next().await, None);
+    drop(stream);
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .expect("the connection was not closed")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn connection_refused_is_a_retryable_connection_error() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
+    drop(listener);
+    let request = InferenceRequest::new("local-model", vec![Message::user("hi")]);
+    let error = match local(&base_url).open(&request).await {
+        Ok(_) => panic!("nothing listens there"),
+        Err(error) => error,
+    };
+    assert_eq!(error.kind(), InferenceErrorKind::Connection, "{error}");
+}
+
+#[tokio::test]
+async fn non_streaming_answers_become_the_same_deltas() {
+    let body = json!({
+        "id": "x",
+        "object": "chat.completion",
+        "model": "local-model",
+        "choices": [{
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": "Hi",
+                "tool_calls": [{
+                    "id": "call_9",
+                    "type": "function",
+                    "function": {"name": "search", "arguments": "{\"q\":\"rust\"}"}
+                }]
+            },
+            "finish_reason": "tool_calls"
+        }],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    })
+    .to_string();
+    let response = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (base_url, server) = serve_once(response).await;
+    let request = InferenceRequest::new("local-model", vec![Message::user("hi")])
+        .with_tools(vec![search_tool()]);
+    let answer = local(&base_url)
+        .with_streaming(false)
+        .complete(&request)
+        .await
+        .unwrap();
+    assert_eq!(answer.text, "Hi");
+    assert_eq!(
+        answer.tool_calls,
+        [ToolCall::new("call_9", "search", json!({"q": "rust"}))]
+    );
+    assert_eq!(answer.usage, Some(TokenUsage::new(3, 2)));
+    let sent: Value = serde_json::from_str(&server.await.unwrap()).unwrap();
+    assert_eq!(sent["stream"], false);
+}
