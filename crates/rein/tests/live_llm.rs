@@ -35,7 +35,9 @@ fn live(test: &str) -> Option<(String, MutexGuard<'static, ()>)> {
     match std::env::var("REIN_LLM_BASE_URL") {
         Ok(url) if !url.is_empty() => Some((url, TURN.lock().unwrap_or_else(|e| e.into_inner()))),
         _ => {
-            println!("skipping {test}: REIN_LLM_BASE_URL is not set (run `cargo xtask local-llm start`)");
+            println!(
+                "skipping {test}: REIN_LLM_BASE_URL is not set (run `cargo xtask local-llm start`)"
+            );
             None
         }
     }
@@ -47,7 +49,11 @@ fn model(max_output_tokens: u32) -> ModelSpec {
         .with_max_output_tokens(max_output_tokens)
 }
 
-fn runtime(executor: GenaiExecutor, spec: AgentSpec, max_output_tokens: u32) -> AgentRuntimeBuilder {
+fn runtime(
+    executor: GenaiExecutor,
+    spec: AgentSpec,
+    max_output_tokens: u32,
+) -> AgentRuntimeBuilder {
     AgentRuntimeBuilder::new()
         .with_agent_spec(spec.with_model_id("smollm2"))
         .with_model(model(max_output_tokens))
@@ -57,15 +63,32 @@ fn runtime(executor: GenaiExecutor, spec: AgentSpec, max_output_tokens: u32) -> 
 
 #[tokio::test]
 async fn a_plain_streamed_answer_ends_naturally() {
-    let Some((url, _turn)) = live("a_plain_streamed_answer_ends_naturally") else { return };
-    let rt = runtime(GenaiExecutor::openai_compatible(url, None), spec(), 16).build().unwrap();
+    let Some((url, _turn)) = live("a_plain_streamed_answer_ends_naturally") else {
+        return;
+    };
+    let rt = runtime(GenaiExecutor::openai_compatible(url, None), spec(), 16)
+        .build()
+        .unwrap();
     let sink = Arc::new(CollectingSink::new());
-    let r = rt.run(user("t", "Say hello in one short sentence."), sink.clone()).await.unwrap();
+    let r = rt
+        .run(user("t", "Say hello in one short sentence."), sink.clone())
+        .await
+        .unwrap();
     assert_eq!(r.termination, TerminationReason::NaturalEnd, "{r:?}");
     assert!(!r.response.trim().is_empty());
-    let deltas = sink.events().iter().filter(|e| matches!(e, AgentEvent::TextDelta { .. })).count();
+    let deltas = sink
+        .events()
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::TextDelta { .. }))
+        .count();
     assert!(deltas > 1, "the answer streamed in {deltas} deltas");
-    assert!(matches!(sink.events().last(), Some(AgentEvent::RunFinished { termination: TerminationReason::NaturalEnd, .. })));
+    assert!(matches!(
+        sink.events().last(),
+        Some(AgentEvent::RunFinished {
+            termination: TerminationReason::NaturalEnd,
+            ..
+        })
+    ));
 }
 
 /// Records the arguments it was called with.
@@ -74,13 +97,19 @@ struct Weather(Arc<Mutex<Vec<serde_json::Value>>>);
 #[async_trait::async_trait]
 impl Tool for Weather {
     fn descriptor(&self) -> ToolDescriptor {
-        ToolDescriptor::new("get_weather", "Get the current weather for a city").with_parameters(json!({
-            "type": "object",
-            "properties": { "city": { "type": "string", "description": "The city name" } },
-            "required": ["city"]
-        }))
+        ToolDescriptor::new("get_weather", "Get the current weather for a city").with_parameters(
+            json!({
+                "type": "object",
+                "properties": { "city": { "type": "string", "description": "The city name" } },
+                "required": ["city"]
+            }),
+        )
     }
-    async fn execute(&self, args: serde_json::Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(
+        &self,
+        args: serde_json::Value,
+        _ctx: &ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
         self.0.lock().unwrap().push(args);
         Ok(ToolOutput::json(json!({ "celsius": 21, "sky": "sunny" })))
     }
@@ -88,38 +117,68 @@ impl Tool for Weather {
 
 #[tokio::test]
 async fn a_forced_tool_call_runs_the_tool_and_the_model_answers_after_it() {
-    let Some((url, _turn)) = live("a_forced_tool_call_runs_the_tool_and_the_model_answers_after_it") else { return };
+    let Some((url, _turn)) =
+        live("a_forced_tool_call_runs_the_tool_and_the_model_answers_after_it")
+    else {
+        return;
+    };
     let calls = Arc::new(Mutex::new(Vec::new()));
-    let rt = runtime(GenaiExecutor::openai_compatible(url, None), spec().with_tool_choice(ToolChoice::None), 24)
-        .with_tool("get_weather", Arc::new(Weather(calls.clone())))
-        .build()
-        .unwrap();
-    let request = user("t", "What is the weather in Paris?").with_tool_choice(ToolChoice::Tool("get_weather".into()));
+    let rt = runtime(
+        GenaiExecutor::openai_compatible(url, None),
+        spec().with_tool_choice(ToolChoice::None),
+        24,
+    )
+    .with_tool("get_weather", Arc::new(Weather(calls.clone())))
+    .build()
+    .unwrap();
+    let request = user("t", "What is the weather in Paris?")
+        .with_tool_choice(ToolChoice::Tool("get_weather".into()));
     let r = rt.run_to_completion(request).await.unwrap();
     assert_eq!(r.termination, TerminationReason::NaturalEnd, "{r:?}");
     assert_eq!(r.steps, 2);
     let calls = calls.lock().unwrap();
-    assert_eq!(calls.len(), 1, "the tool ran once with the model's arguments");
+    assert_eq!(
+        calls.len(),
+        1,
+        "the tool ran once with the model's arguments"
+    );
     assert!(calls[0].is_object(), "{:?}", calls[0]);
     let history = rt.thread_messages("t").await;
     assert_eq!(history[1].tool_calls[0].name, "get_weather");
     assert_history_valid(&history);
-    assert!(!r.response.trim().is_empty(), "the model answered after the tool");
+    assert!(
+        !r.response.trim().is_empty(),
+        "the model answered after the tool"
+    );
 }
 
 #[tokio::test]
 async fn usage_is_captured_on_a_non_streaming_call() {
-    let Some((url, _turn)) = live("usage_is_captured_on_a_non_streaming_call") else { return };
-    let rt = runtime(GenaiExecutor::openai_compatible(url, None).with_streaming(false), spec(), 8).build().unwrap();
+    let Some((url, _turn)) = live("usage_is_captured_on_a_non_streaming_call") else {
+        return;
+    };
+    let rt = runtime(
+        GenaiExecutor::openai_compatible(url, None).with_streaming(false),
+        spec(),
+        8,
+    )
+    .build()
+    .unwrap();
     let r = rt.run_to_completion(user("t", "Hi")).await.unwrap();
     assert_eq!(r.termination, TerminationReason::NaturalEnd, "{r:?}");
     assert!(r.usage_complete);
-    assert!(r.usage.input_tokens > 0 && r.usage.output_tokens > 0, "{:?}", r.usage);
+    assert!(
+        r.usage.input_tokens > 0 && r.usage.output_tokens > 0,
+        "{:?}",
+        r.usage
+    );
 }
 
 #[tokio::test]
 async fn token_budget_and_max_rounds_stop_real_runs() {
-    let Some((url, _turn)) = live("token_budget_and_max_rounds_stop_real_runs") else { return };
+    let Some((url, _turn)) = live("token_budget_and_max_rounds_stop_real_runs") else {
+        return;
+    };
     let calls = Arc::new(Mutex::new(Vec::new()));
     let looping = || {
         spec()
@@ -134,16 +193,29 @@ async fn token_budget_and_max_rounds_stop_real_runs() {
     .with_tool("get_weather", Arc::new(Weather(calls.clone())))
     .build()
     .unwrap();
-    let r = rt.run_to_completion(user("a", "Weather in Oslo, then in Rome, then in Lima?")).await.unwrap();
+    let r = rt
+        .run_to_completion(user("a", "Weather in Oslo, then in Rome, then in Lima?"))
+        .await
+        .unwrap();
     assert_eq!(r.termination.stop_code(), Some("token_budget"), "{r:?}");
     assert!(r.usage.total() > 300);
 
-    let rt = runtime(GenaiExecutor::openai_compatible(url, None), looping().with_max_rounds(2), 24)
-        .with_tool("get_weather", Arc::new(Weather(calls.clone())))
-        .build()
+    let rt = runtime(
+        GenaiExecutor::openai_compatible(url, None),
+        looping().with_max_rounds(2),
+        24,
+    )
+    .with_tool("get_weather", Arc::new(Weather(calls.clone())))
+    .build()
+    .unwrap();
+    let r = rt
+        .run_to_completion(user("b", "Weather in Oslo?"))
+        .await
         .unwrap();
-    let r = rt.run_to_completion(user("b", "Weather in Oslo?")).await.unwrap();
-    assert_eq!(r.termination, TerminationReason::stopped("max_rounds", "reached 2 rounds (limit 2)"));
+    assert_eq!(
+        r.termination,
+        TerminationReason::stopped("max_rounds", "reached 2 rounds (limit 2)")
+    );
     assert_history_valid(&rt.thread_messages("b").await);
 }
 
@@ -152,7 +224,9 @@ struct FirstDelta(tokio::sync::Notify, AtomicUsize);
 
 impl EventSink for FirstDelta {
     fn emit(&self, event: AgentEvent) {
-        if matches!(event, AgentEvent::TextDelta { .. }) && self.1.fetch_add(1, Ordering::SeqCst) == 0 {
+        if matches!(event, AgentEvent::TextDelta { .. })
+            && self.1.fetch_add(1, Ordering::SeqCst) == 0
+        {
             self.0.notify_one();
         }
     }
@@ -160,12 +234,24 @@ impl EventSink for FirstDelta {
 
 #[tokio::test]
 async fn cancelling_a_real_stream_is_prompt_and_the_server_keeps_serving() {
-    let Some((url, _turn)) = live("cancelling_a_real_stream_is_prompt_and_the_server_keeps_serving") else { return };
-    let rt = runtime(GenaiExecutor::openai_compatible(url, None), spec(), 400).build().unwrap();
+    let Some((url, _turn)) =
+        live("cancelling_a_real_stream_is_prompt_and_the_server_keeps_serving")
+    else {
+        return;
+    };
+    let rt = runtime(GenaiExecutor::openai_compatible(url, None), spec(), 400)
+        .build()
+        .unwrap();
     let sink = Arc::new(FirstDelta(tokio::sync::Notify::new(), AtomicUsize::new(0)));
     let run = tokio::spawn({
         let (rt, sink) = (rt.clone(), sink.clone());
-        async move { rt.run(user("t", "Write a very long story about a lighthouse keeper."), sink).await }
+        async move {
+            rt.run(
+                user("t", "Write a very long story about a lighthouse keeper."),
+                sink,
+            )
+            .await
+        }
     });
     sink.0.notified().await;
     let start = Instant::now();
@@ -183,7 +269,9 @@ async fn cancelling_a_real_stream_is_prompt_and_the_server_keeps_serving() {
 
 #[tokio::test]
 async fn a_wrong_port_is_a_retryable_connection_error_and_consecutive_errors_stop_the_run() {
-    let Some((_url, _turn)) = live("a_wrong_port_is_a_retryable_connection_error") else { return };
+    let Some((_url, _turn)) = live("a_wrong_port_is_a_retryable_connection_error") else {
+        return;
+    };
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = dead.local_addr().unwrap().port();
     drop(dead);
@@ -196,10 +284,19 @@ async fn a_wrong_port_is_a_retryable_connection_error_and_consecutive_errors_sto
     .unwrap();
     let sink = Arc::new(CollectingSink::new());
     let r = rt.run(user("t", "hi"), sink.clone()).await.unwrap();
-    assert_eq!(r.termination.stop_code(), Some("consecutive_errors"), "{r:?}");
+    assert_eq!(
+        r.termination.stop_code(),
+        Some("consecutive_errors"),
+        "{r:?}"
+    );
     let retry = sink.events().into_iter().find_map(|e| match e {
         AgentEvent::InferenceRetry { error, .. } => Some(error),
         _ => None,
     });
-    assert!(retry.as_deref().is_some_and(|e| e.starts_with(InferenceErrorKind::Connection.as_str())), "{retry:?}");
+    assert!(
+        retry
+            .as_deref()
+            .is_some_and(|e| e.starts_with(InferenceErrorKind::Connection.as_str())),
+        "{retry:?}"
+    );
 }
