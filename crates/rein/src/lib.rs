@@ -134,6 +134,11 @@ mod readme {}
 #[doc = include_str!("../../../docs/cancellation.md")]
 mod cancellation_doc {}
 
+/// The auto-mode guide's code, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/auto-mode.md")]
+mod auto_mode_doc {}
+
 /// The stop-policies how-to's code, compiled as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../../../docs/stop-policies.md")]
