@@ -27,7 +27,7 @@ mod agent;
 mod agent_loop;
 pub mod auto;
 mod builder;
-mod detectors;
+pub mod detectors;
 mod history;
 mod mailbox;
 pub mod phase;

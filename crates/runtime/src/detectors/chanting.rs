@@ -34,10 +34,10 @@ use super::{Escalation, Verdict, snippet};
 
 /// The spacing factor of Gemini CLI's current code (the article's older
 /// version used 1.5).
-pub(crate) const MEAN_GAP_FACTOR: usize = 5;
+pub const MEAN_GAP_FACTOR: usize = 5;
 
 /// The nudge added on the first detection with `nudge_then_stop`.
-pub(crate) const CHANTING_NUDGE: &str = "You appear to be repeating the same text over and over; change approach and continue without repeating yourself.";
+pub const CHANTING_NUDGE: &str = "You appear to be repeating the same text over and over; change approach and continue without repeating yourself.";
 
 const B1: u64 = 0x100_0000_01b3;
 const B2: u64 = 0x9e37_79b9_7f4a_7c15 | 1;
@@ -78,8 +78,9 @@ enum Line {
     Skip,
 }
 
+/// The content-chanting detector of one stream (see the module docs).
 #[derive(Debug)]
-pub(crate) struct ChantingDetector {
+pub struct ChantingDetector {
     chunk: usize,
     threshold: usize,
     escalation: Escalation,
@@ -105,7 +106,7 @@ pub(crate) struct ChantingDetector {
 
 impl ChantingDetector {
     /// `None` when disabled (a chunk of 0 or a threshold below 2).
-    pub(crate) fn new(chunk_chars: usize, threshold: usize, on_detect: OnDetect) -> Option<Self> {
+    pub fn new(chunk_chars: usize, threshold: usize, on_detect: OnDetect) -> Option<Self> {
         (chunk_chars > 0 && threshold >= 2).then(|| Self {
             chunk: chunk_chars,
             threshold,
@@ -126,7 +127,7 @@ impl ChantingDetector {
     }
 
     /// Forgets the previous answer (the escalation state is kept).
-    pub(crate) fn start_response(&mut self) {
+    pub fn start_response(&mut self) {
         self.reset_chunks();
         self.line = Line::Pending;
         self.pending.clear();
@@ -144,7 +145,7 @@ impl ChantingDetector {
     }
 
     /// Feeds streamed text; a verdict when chanting is detected.
-    pub(crate) fn observe(&mut self, text: &str) -> Option<Verdict> {
+    pub fn observe(&mut self, text: &str) -> Option<Verdict> {
         for c in text.chars() {
             if let Some(v) = self.feed_char(c) {
                 return Some(v);

@@ -5,27 +5,29 @@
 //!
 //! | detector | checked | code |
 //! |---|---|---|
-//! | [`ToolCallLoop`](tool_calls) | after the round's tool results are recorded | `tool_call_loop` |
-//! | [`ContentChanting`](chanting) | while the answer streams | `content_chanting` |
-//! | [`Stuck`](stuck) | after each inference, in `stop_conditions` order | `stuck` |
+//! | [`ToolCallLoopDetector`] | after the round's tool results are recorded | `tool_call_loop` |
+//! | [`ChantingDetector`] | while the answer streams | `content_chanting` |
+//! | [`StuckDetector`] | after each inference, in `stop_conditions` order | `stuck` |
 //!
 //! Detectors do not cancel and do not end runs themselves: they return a
-//! [`Verdict`] and the agent loop acts on it.
+//! [`Verdict`] and the agent loop acts on it. They are public so that the
+//! same rules can watch streams outside a run (and be benchmarked); inside a
+//! run, list the matching `StopConditionSpec` instead.
 
 mod chanting;
 mod stuck;
 mod tool_calls;
 
-pub(crate) use chanting::ChantingDetector;
-pub(crate) use stuck::StuckDetector;
-pub(crate) use tool_calls::ToolCallLoopDetector;
+pub use chanting::{CHANTING_NUDGE, ChantingDetector, MEAN_GAP_FACTOR};
+pub use stuck::{STUCK_NUDGE, StuckDetector};
+pub use tool_calls::ToolCallLoopDetector;
 
 use rein_runtime_contract::lifecycle::{OnDetect, StopConditionSpec, StoppedReason};
 use rein_runtime_contract::message::{ToolCall, ToolResult};
 
 /// What a detector asks of the loop when it fires.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub enum Verdict {
     /// Add this user message before the next inference and go on.
     Nudge(String),
     /// End the run.

@@ -8,16 +8,19 @@ use super::{Escalation, Verdict, snippet};
 use crate::policies::StopPolicyStats;
 
 /// The nudge added when the run first looks stuck.
-pub(crate) const STUCK_NUDGE: &str = "Observed duplicate responses; consider a new strategy and avoid repeating paths you already tried.";
+pub const STUCK_NUDGE: &str = "Observed duplicate responses; consider a new strategy and avoid repeating paths you already tried.";
 
+/// The stuck-response detector of one run.
 #[derive(Debug)]
-pub(crate) struct StuckDetector {
+pub struct StuckDetector {
     duplicates: usize,
     escalation: Escalation,
 }
 
 impl StuckDetector {
-    pub(crate) fn new(duplicates: usize) -> Self {
+    /// A detector that fires when the newest text equals `duplicates`
+    /// earlier ones (0 disables).
+    pub fn new(duplicates: usize) -> Self {
         Self {
             duplicates,
             escalation: Escalation::new(OnDetect::NudgeThenStop),
@@ -26,7 +29,7 @@ impl StuckDetector {
 
     /// Checks the newest response against the run's earlier ones (empty
     /// texts are ignored; 0 disables).
-    pub(crate) fn check(&mut self, stats: &StopPolicyStats) -> Option<Verdict> {
+    pub fn check(&mut self, stats: &StopPolicyStats) -> Option<Verdict> {
         let newest = &stats.last_response_text;
         if self.duplicates == 0 || newest.is_empty() {
             return None;

@@ -57,8 +57,9 @@ fn key(call: &ToolCall, result: &ToolResult) -> u64 {
     h.finish()
 }
 
+/// The tool-call loop detector of one run (see the module docs).
 #[derive(Debug)]
-pub(crate) struct ToolCallLoopDetector {
+pub struct ToolCallLoopDetector {
     threshold: usize,
     max_cycle: usize,
     /// Keys of the most recent calls (at most `threshold × max_cycle`), with names.
@@ -75,7 +76,7 @@ pub(crate) fn tool_loop_nudge(tools: &str) -> String {
 
 impl ToolCallLoopDetector {
     /// `None` when disabled (a threshold below 2 or a max cycle of 0).
-    pub(crate) fn new(threshold: usize, max_cycle: usize, on_detect: OnDetect) -> Option<Self> {
+    pub fn new(threshold: usize, max_cycle: usize, on_detect: OnDetect) -> Option<Self> {
         (threshold >= 2 && max_cycle >= 1).then(|| Self {
             threshold,
             max_cycle,
@@ -85,7 +86,7 @@ impl ToolCallLoopDetector {
     }
 
     /// Records one round's calls and checks the tail of the history.
-    pub(crate) fn observe_round(&mut self, round: &[(&ToolCall, &ToolResult)]) -> Option<Verdict> {
+    pub fn observe_round(&mut self, round: &[(&ToolCall, &ToolResult)]) -> Option<Verdict> {
         let keep = self.threshold.saturating_mul(self.max_cycle);
         let mut found = None;
         for (call, result) in round {
