@@ -4,7 +4,9 @@
 //!   `-D warnings`, every test of the workspace, and the doc tests.
 //! - `local-llm start|stop|status|install`: a local OpenAI-compatible model
 //!   server for the live tests (see `local_llm`).
+//! - `bench [NAME…] [--json PATH] [--tiny]`: the benchmark workloads (see `bench`).
 
+mod bench;
 mod local_llm;
 
 use std::path::PathBuf;
@@ -23,6 +25,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("local-llm") => local_llm::main(&args[1..]),
+        Some("bench") => bench::main(&args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             println!("{USAGE}");
             Ok(())
@@ -44,10 +47,14 @@ commands:
   ci                                   fmt check, clippy -D warnings, all tests, doc tests
   local-llm start [--port N]|stop|status|install
                                        a local model server for the live tests; start prints
-                                       REIN_LLM_BASE_URL=<url> as its last line";
+                                       REIN_LLM_BASE_URL=<url> as its last line
+  bench [NAME...] [--json PATH] [--tiny]
+                                       release-mode benchmarks, median of 3 fresh processes;
+                                       names: rounds rounds_policies concurrent cancel
+                                       cancel_open mailbox policies chanting";
 
 /// Runs `cargo` with `args`, failing with the command line when it fails.
-fn cargo(args: &[&str]) -> Result<(), String> {
+pub(crate) fn cargo(args: &[&str]) -> Result<(), String> {
     let line = format!("cargo {}", args.join(" "));
     println!("xtask: running `{line}`");
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
@@ -73,6 +80,9 @@ fn ci() -> Result<(), String> {
     ])?;
     cargo(&["test", "--workspace", "--all-targets"])?;
     cargo(&["test", "--workspace", "--doc"])?;
+    // The benchmarks are not run in CI, but each runs once at a tiny size so
+    // they cannot rot.
+    bench::main(&["--tiny".to_owned()])?;
     println!("xtask: ci passed");
     Ok(())
 }

@@ -67,7 +67,7 @@
 //! | [`contract`] | `rein-runtime-contract`: messages, specs, events, inference, tools, phases, state |
 //! | [`registry_spec`] | [`AgentSpec`], [`ModelSpec`] |
 //! | [`config`] | YAML/JSON loaders for agent specs and stop conditions |
-//! | [`auto`], [`plugin`], [`plugins`], [`phase`], [`policies`], [`thread_store`] | `rein-runtime` modules |
+//! | [`auto`], [`detectors`], [`plugin`], [`plugins`], [`phase`], [`policies`], [`thread_store`] | `rein-runtime` modules |
 //! | [`engine`] | executors from `rein-providers` |
 //! | root | the runtime, its builder, requests, results, errors |
 //! | [`prelude`] | what a typical program imports |
@@ -76,7 +76,7 @@ pub use rein_runtime_contract as contract;
 
 pub use rein_runtime_contract::config;
 
-pub use rein_runtime::{auto, phase, plugin, plugins, policies, thread_store};
+pub use rein_runtime::{auto, detectors, phase, plugin, plugins, policies, thread_store};
 
 /// Agent and model specifications.
 pub mod registry_spec {

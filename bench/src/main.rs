@@ -1,0 +1,427 @@
+//! Rein's benchmark workloads, one per process run:
+//! `rein-bench <workload> [--tiny]`, printing `NAME metric value unit` lines.
+//! `cargo xtask bench` builds this in release mode, runs each workload three
+//! times in fresh processes and reports the medians.
+//!
+//! Every workload uses a no-op tool (`{"ok": true, "value": 42}`) and a
+//! stateless `ScriptedExecutor::from_fn` model: with k tool results after the
+//! last user message it asks for one `noop` call while k < R and answers
+//! `"done"` after (usage 10 in / 5 out per call), so a run makes R + 1
+//! inferences and ends `NaturalEnd`. The tokio runtime is multi-threaded with
+//! two workers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rein::contract::inference::InferenceRequest;
+use rein::contract::lifecycle::OnDetect;
+use rein::detectors::ChantingDetector;
+use rein::policies::{StopDecision, StopPolicy, StopPolicyStats, policies_from_specs};
+use rein::prelude::*;
+
+/// The no-op tool.
+struct Noop;
+
+#[async_trait::async_trait]
+impl Tool for Noop {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("noop", "does nothing")
+    }
+    async fn execute(
+        &self,
+        _args: serde_json::Value,
+        _ctx: &ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::json(
+            serde_json::json!({"ok": true, "value": 42}),
+        ))
+    }
+}
+
+/// Tool results after the last user message.
+fn tool_results_since_user(req: &InferenceRequest) -> usize {
+    req.messages
+        .iter()
+        .rev()
+        .take_while(|m| m.role != Role::User)
+        .filter(|m| m.role == Role::Tool)
+        .count()
+}
+
+/// The stateless model: `rounds` no-op calls, then "done".
+fn model(rounds: usize, delay: Option<Duration>) -> ScriptedExecutor {
+    ScriptedExecutor::from_fn(move |req| {
+        let response = if tool_results_since_user(req) < rounds {
+            ScriptedResponse::tool_call("noop", serde_json::json!({}))
+        } else {
+            ScriptedResponse::text("done")
+        };
+        let response = response.with_usage(10, 5);
+        match delay {
+            Some(d) => response.with_delay(d),
+            None => response,
+        }
+    })
+}
+
+fn runtime_with(executor: ScriptedExecutor, spec: AgentSpec) -> AgentRuntime {
+    let built = AgentRuntimeBuilder::new()
+        .with_agent_spec(spec.with_model_id("m"))
+        .with_model(ModelSpec::new("m", "p", "bench"))
+        .with_provider("p", Arc::new(executor))
+        .with_tool("noop", Arc::new(Noop))
+        .build();
+    match built {
+        Ok(runtime) => runtime,
+        Err(e) => fail(&format!("cannot build the runtime: {e}")),
+    }
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("rein-bench: {message}");
+    std::process::exit(1)
+}
+
+fn user(thread: String) -> RunRequest {
+    RunRequest::new(thread, vec![Message::user("go")])
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+fn emit(name: &str, metric: &str, value: f64, unit: &str) {
+    println!("{name} {metric} {value:.3} {unit}");
+}
+
+/// W1 / W1b: µs per round of one run of 50 rounds, median of `runs` runs.
+async fn rounds(name: &str, with_policies: bool, runs: usize) {
+    const R: usize = 50;
+    let mut spec = AgentSpec::new("bench").with_max_rounds(1000);
+    if with_policies {
+        for s in [
+            StopConditionSpec::MaxRounds { rounds: 1000 },
+            StopConditionSpec::Timeout { seconds: 3600 },
+            StopConditionSpec::TokenBudget {
+                max_total: 1_000_000_000,
+            },
+            StopConditionSpec::ConsecutiveErrors { max: 5 },
+            StopConditionSpec::StopOnTool {
+                tool_name: "never_called".into(),
+            },
+            StopConditionSpec::ContentMatch {
+                pattern: "STOP_NOW_[0-9]+".into(),
+            },
+            StopConditionSpec::LoopDetection { window: 3 },
+        ] {
+            spec = spec.with_stop_condition(s);
+        }
+    }
+    let runtime = runtime_with(model(R, None), spec);
+    let mut per_round = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let start = Instant::now();
+        let result = runtime.run_to_completion(user(format!("w1-{i}"))).await;
+        let elapsed = start.elapsed();
+        match result {
+            Ok(r)
+                if r.termination == TerminationReason::NaturalEnd && r.steps as usize == R + 1 => {}
+            other => fail(&format!("{name}: unexpected result {other:?}")),
+        }
+        per_round.push(elapsed.as_secs_f64() * 1e6 / R as f64);
+    }
+    let s = sorted(per_round);
+    emit(name, "per_round_median", percentile(&s, 0.5), "us");
+    emit(name, "per_round_p99", percentile(&s, 0.99), "us");
+}
+
+fn status_kb(field: &str) -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
+/// W2: `n` runs started at once on distinct threads, 5 rounds each, 1 ms per inference.
+async fn concurrent(n: usize) {
+    let runtime = runtime_with(
+        model(5, Some(Duration::from_millis(1))),
+        AgentSpec::new("bench").with_max_rounds(1000),
+    );
+    let rss_before = status_kb("VmRSS:");
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let runtime = runtime.clone();
+        tasks.push(tokio::spawn(async move {
+            runtime.run_to_completion(user(format!("w2-{i}"))).await
+        }));
+    }
+    for task in tasks {
+        match task.await {
+            Ok(Ok(r)) if r.termination == TerminationReason::NaturalEnd => {}
+            other => fail(&format!("concurrent: unexpected result {other:?}")),
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let peak = status_kb("VmHWM:");
+    emit("concurrent", "wall", wall, "s");
+    emit("concurrent", "runs_per_sec", n as f64 / wall, "runs/s");
+    emit(
+        "concurrent",
+        "peak_rss_added",
+        (peak - rss_before) / 1024.0,
+        "MB",
+    );
+    emit(
+        "concurrent",
+        "peak_rss_added_per_run",
+        (peak - rss_before) * 1024.0 / n as f64,
+        "B",
+    );
+}
+
+/// W3 / W3a: latency of `cancel_and_wait_by_thread` on a run whose model never answers.
+async fn cancel(name: &str, before_stream: bool, trials: usize) {
+    let opened = Arc::new(AtomicU64::new(0));
+    let counter = opened.clone();
+    let executor = ScriptedExecutor::from_fn(move |_req| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        if before_stream {
+            ScriptedResponse::text("never").with_delay(Duration::from_secs(3600))
+        } else {
+            ScriptedResponse::stalled()
+        }
+    });
+    let runtime = runtime_with(executor, AgentSpec::new("bench"));
+    let mailbox = runtime.mailbox();
+    let mut latencies = Vec::with_capacity(trials);
+    for i in 0..trials {
+        let thread = format!("w3-{i}");
+        let seen = opened.load(Ordering::SeqCst);
+        let handle = match mailbox.submit(user(thread.clone())).await {
+            Ok(h) => h,
+            Err(e) => fail(&format!("{name}: submit failed: {e}")),
+        };
+        // Wait until the model has been asked, so the run is blocked on it.
+        while opened.load(Ordering::SeqCst) == seen {
+            tokio::task::yield_now().await;
+        }
+        let start = Instant::now();
+        let released = runtime.cancel_and_wait_by_thread(&thread).await;
+        latencies.push(start.elapsed().as_secs_f64() * 1e6);
+        match handle.wait().await {
+            Ok(r) if released && r.termination == TerminationReason::Cancelled => {}
+            other => fail(&format!(
+                "{name}: trial {i} did not end Cancelled: {other:?}"
+            )),
+        }
+    }
+    let s = sorted(latencies);
+    emit(name, "p50", percentile(&s, 0.5), "us");
+    emit(name, "p99", percentile(&s, 0.99), "us");
+    emit(name, "max", percentile(&s, 1.0), "us");
+}
+
+/// W4: `n` submissions back to back on one thread, each interrupting the last.
+async fn mailbox(n: usize) {
+    let runtime = runtime_with(
+        model(0, Some(Duration::from_millis(1))),
+        AgentSpec::new("bench"),
+    );
+    let mailbox = runtime.mailbox();
+    let mut handles = Vec::with_capacity(n);
+    let mut per_submit = Vec::with_capacity(n);
+    let start = Instant::now();
+    for i in 0..n {
+        let t = Instant::now();
+        match mailbox
+            .submit(RunRequest::new("w4", vec![Message::user(format!("m{i}"))]))
+            .await
+        {
+            Ok(h) => handles.push(h),
+            Err(e) => fail(&format!("mailbox: submission {i} failed: {e}")),
+        }
+        per_submit.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let mut stuck = 0;
+    for h in handles {
+        if h.wait().await.is_err() {
+            stuck += 1;
+        }
+    }
+    let history = runtime.thread_messages("w4").await;
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for m in history.iter().filter(|m| m.role == Role::User) {
+        *counts.entry(m.content.as_str()).or_default() += 1;
+    }
+    let lost = (0..n)
+        .filter(|i| !counts.contains_key(format!("m{i}").as_str()))
+        .count();
+    let duplicated = counts.values().filter(|c| **c > 1).count();
+    if runtime.is_thread_active("w4") {
+        stuck += 1;
+    }
+    let s = sorted(per_submit);
+    emit(
+        "mailbox",
+        "submissions_per_sec",
+        n as f64 / wall,
+        "submits/s",
+    );
+    emit("mailbox", "submit_p50", percentile(&s, 0.5), "us");
+    emit("mailbox", "submit_p99", percentile(&s, 0.99), "us");
+    emit("mailbox", "lost", lost as f64, "messages");
+    emit("mailbox", "duplicated", duplicated as f64, "messages");
+    emit("mailbox", "stuck", stuck as f64, "runs");
+    if lost + duplicated + stuck > 0 {
+        fail("mailbox: messages lost or duplicated, or runs stuck");
+    }
+}
+
+/// W5: all seven built-in policies on a 10 KB response and 8 recent texts.
+fn policies(iterations: usize) {
+    let specs = [
+        StopConditionSpec::MaxRounds { rounds: 1000 },
+        StopConditionSpec::Timeout { seconds: 3600 },
+        StopConditionSpec::TokenBudget {
+            max_total: 1_000_000_000,
+        },
+        StopConditionSpec::ConsecutiveErrors { max: 5 },
+        StopConditionSpec::StopOnTool {
+            tool_name: "never_called".into(),
+        },
+        StopConditionSpec::ContentMatch {
+            pattern: "STOP_NOW_[0-9]+".into(),
+        },
+        StopConditionSpec::LoopDetection { window: 3 },
+    ];
+    let all = policies_from_specs(&specs);
+    let (content, others): (Vec<Arc<dyn StopPolicy>>, Vec<Arc<dyn StopPolicy>>) =
+        all.iter().cloned().partition(|p| p.id() == "content_match");
+    let text: String =
+        "The quick brown fox jumps over the lazy dog; STOP NOW 12 is not a match. ".repeat(200);
+    let text = text[..10 * 1024].to_owned();
+    let stats = StopPolicyStats {
+        step_count: 7,
+        total_input_tokens: 70_000,
+        total_output_tokens: 35_000,
+        elapsed_ms: 12_345,
+        consecutive_errors: 0,
+        last_tool_names: vec!["search".into(), "open".into()],
+        last_response_text: text.clone(),
+        recent_response_texts: (0..8).map(|i| format!("answer number {i}")).collect(),
+    };
+    let time = |f: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        let mut stops = 0u64;
+        for _ in 0..iterations {
+            if std::hint::black_box(f()) {
+                stops += 1;
+            }
+        }
+        if stops > 0 {
+            fail("policies: a policy fired on non-triggering stats");
+        }
+        start.elapsed().as_secs_f64() * 1e9 / iterations as f64
+    };
+    let any_stop = |ps: &[Arc<dyn StopPolicy>]| {
+        ps.iter().any(|p| {
+            !matches!(
+                p.evaluate(std::hint::black_box(&stats)),
+                StopDecision::Continue
+            )
+        })
+    };
+    let regex = regex::Regex::new("STOP_NOW_[0-9]+").unwrap_or_else(|e| fail(&e.to_string()));
+    emit(
+        "policies",
+        "six_non_regex",
+        time(&|| any_stop(&others)),
+        "ns",
+    );
+    emit(
+        "policies",
+        "content_match",
+        time(&|| any_stop(&content)),
+        "ns",
+    );
+    emit("policies", "all_seven", time(&|| any_stop(&all)), "ns");
+    emit(
+        "policies",
+        "bare_is_match",
+        time(&|| regex.is_match(std::hint::black_box(&text))),
+        "ns",
+    );
+}
+
+/// W6: the chanting detector over a 1 MB streamed answer in 64-byte chunks.
+fn chanting(bytes: usize) {
+    let sentence = "Each sentence here is different: number ";
+    let mut text = String::with_capacity(bytes + 64);
+    let mut i = 0u64;
+    while text.len() < bytes {
+        text.push_str(sentence);
+        text.push_str(&i.to_string());
+        text.push_str(". ");
+        i += 1;
+    }
+    let chunks: Vec<&str> = text
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap_or(""))
+        .collect();
+    let Some(mut detector) = ChantingDetector::new(50, 10, OnDetect::Stop) else {
+        fail("chanting: the detector is disabled")
+    };
+    let start = Instant::now();
+    for c in &chunks {
+        if detector.observe(std::hint::black_box(c)).is_some() {
+            fail("chanting: varied text was flagged");
+        }
+    }
+    let ns = start.elapsed().as_secs_f64() * 1e9 / text.len() as f64;
+    emit("chanting", "per_byte", ns, "ns");
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let tiny = args.iter().any(|a| a == "--tiny");
+    let Some(workload) = args.iter().find(|a| !a.starts_with("--")) else {
+        fail(
+            "usage: rein-bench <rounds|rounds_policies|concurrent|cancel|cancel_open|mailbox|policies|chanting> [--tiny]",
+        )
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| fail(&format!("cannot start tokio: {e}")));
+    let scale = |full: usize, small: usize| if tiny { small } else { full };
+    match workload.as_str() {
+        "rounds" => rt.block_on(rounds("rounds", false, scale(200, 2))),
+        "rounds_policies" => rt.block_on(rounds("rounds_policies", true, scale(200, 2))),
+        "concurrent" => rt.block_on(concurrent(scale(10_000, 20))),
+        "cancel" => rt.block_on(cancel("cancel", false, scale(1000, 5))),
+        "cancel_open" => rt.block_on(cancel("cancel_open", true, scale(1000, 5))),
+        "mailbox" => rt.block_on(mailbox(scale(1000, 10))),
+        "policies" => policies(scale(1_000_000, 100)),
+        "chanting" => chanting(scale(1 << 20, 4096)),
+        other => fail(&format!("unknown workload \"{other}\"")),
+    }
+}
