@@ -312,7 +312,8 @@ fn policies(iterations: usize) {
         StopConditionSpec::LoopDetection { window: 3 },
     ];
     let all = policies_from_specs(&specs);
-    let (content, others): (Vec<Arc<dyn StopPolicy>>, Vec<Arc<dyn StopPolicy>>) =
+    type Policies = Vec<Arc<dyn StopPolicy>>;
+    let (content, others): (Policies, Policies) =
         all.iter().cloned().partition(|p| p.id() == "content_match");
     let text: String =
         "The quick brown fox jumps over the lazy dog; STOP NOW 12 is not a match. ".repeat(200);
