@@ -121,6 +121,23 @@ async fn batch_work_and_argument_key_order() {
     assert_eq!(r.termination.stop_code(), Some("tool_call_loop"));
 }
 
+/// A tool that always answers the same.
+struct Fixed;
+
+#[async_trait::async_trait]
+impl Tool for Fixed {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("status", "a fixed status")
+    }
+    async fn execute(
+        &self,
+        _args: serde_json::Value,
+        _ctx: &ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::text("running"))
+    }
+}
+
 /// A status tool whose answer changes on every call.
 struct Status(Mutex<u32>);
 

@@ -123,13 +123,13 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
     let mut state = RunState::new(&agent.keys);
     state.ensure::<StopStatsKey>();
     let started = Instant::now();
+    let watchdog = DeadlineWatchdog::start(&control, agent.deadline.map(|d| started + d));
     let mut run = Run {
         id: RunIdentity {
             thread_id: control.thread_id.clone(),
             run_id: control.run_id.to_string(),
             agent_id: agent.spec.id.clone(),
         },
-        deadline: agent.deadline.map(|d| started + d),
         detectors: Detectors::new(&agent.spec.stop_conditions),
         agent,
         control,
@@ -155,6 +155,9 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         Ok(()) => run.rounds().await,
         Err(reason) => reason,
     };
+    // Work has stopped; a deadline passing now must not turn the reason
+    // into a cancellation.
+    drop(watchdog);
     run.finish(reason).await
 }
 
@@ -192,7 +195,6 @@ struct Run {
     state: RunState,
     directives: Directives,
     started: Instant,
-    deadline: Option<Instant>,
     detectors: Detectors,
     steps: u32,
     usage: TokenUsage,
@@ -200,16 +202,34 @@ struct Run {
     response: String,
 }
 
-/// Resolves when the run is cancelled, or cancels it (cause `Deadline`)
-/// when the deadline passes first.
-async fn interrupted(control: &RunControl, deadline: Option<Instant>) {
-    match deadline {
-        None => control.token.cancelled().await,
-        Some(at) => tokio::select! {
-            biased;
-            _ = control.token.cancelled() => {}
-            _ = tokio::time::sleep_until(at) => control.cancel(CancelCause::Deadline),
-        },
+/// Resolves when the run is cancelled (by anyone, or by its deadline).
+async fn interrupted(control: &RunControl) {
+    control.token.cancelled().await;
+}
+
+/// Cancels the run (cause `Deadline`) when its `timeout` deadline passes:
+/// one timer per run, so no await of the loop needs its own. Dropping the
+/// guard stops the watchdog.
+struct DeadlineWatchdog(Option<tokio::task::AbortHandle>);
+
+impl DeadlineWatchdog {
+    fn start(control: &Arc<RunControl>, deadline: Option<Instant>) -> Self {
+        Self(deadline.map(|at| {
+            let control = control.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                control.cancel(CancelCause::Deadline);
+            })
+            .abort_handle()
+        }))
+    }
+}
+
+impl Drop for DeadlineWatchdog {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0.take() {
+            handle.abort();
+        }
     }
 }
 
@@ -489,7 +509,7 @@ impl Run {
             .catch_unwind();
             tokio::select! {
                 biased;
-                _ = interrupted(&self.control, self.deadline) => None,
+                _ = interrupted(&self.control) => None,
                 outcome = work => Some(outcome),
             }
         };
@@ -543,7 +563,7 @@ impl Run {
         tracing::debug!(attempt, ?delay, %error, "retrying inference");
         tokio::select! {
             biased;
-            _ = interrupted(&self.control, self.deadline) => Some(self.cancelled_reason()),
+            _ = interrupted(&self.control) => Some(self.cancelled_reason()),
             _ = tokio::time::sleep(delay) => None,
         }
     }
@@ -701,7 +721,7 @@ impl Run {
         loop {
             tokio::select! {
                 biased;
-                _ = interrupted(&self.control, self.deadline), if !cut => {
+                _ = interrupted(&self.control), if !cut => {
                     cut = true;
                     aborts.iter().for_each(AbortHandle::abort);
                 }

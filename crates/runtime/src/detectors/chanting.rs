@@ -22,9 +22,11 @@
 //! Amortised O(1) per character: two 64-bit polynomial rolling hashes (a
 //! 128-bit key; collisions are treated as negligible, so chunks are not
 //! compared character by character) are updated per character, and
-//! occurrences too far back to be part of a chanting run are evicted, so
-//! memory stays within `(threshold - 1) × 5 × chunk_chars` positions.
+//! occurrences too far back to be part of a chanting run are swept out
+//! every `(threshold - 1) × 5 × chunk_chars` characters, so memory stays
+//! within twice that many positions.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -88,20 +90,60 @@ pub struct ChantingDetector {
     line: Line,
     pending: String,
     in_fence: bool,
-    // The rolling window.
-    window: VecDeque<u32>,
+    // The rolling window: the last `chunk` characters, a ring indexed by
+    // `pos % chunk` once full.
+    window: Vec<u32>,
     h1: u64,
     h2: u64,
     pow1: u64,
     pow2: u64,
     /// Characters fed since the last reset; the next chunk ends here.
     pos: usize,
-    occurrences: HashMap<Key, VecDeque<usize>, BuildHasherDefault<FirstHalf>>,
-    /// Chunk start positions in order, for eviction.
-    order: VecDeque<(usize, Key)>,
-    /// The text fed since the last reset, kept only as long as needed for
-    /// the detail's snippet (at most one chunk).
-    recent: VecDeque<char>,
+    occurrences: HashMap<Key, Occurrences, BuildHasherDefault<FirstHalf>>,
+}
+
+/// The recent start positions of one chunk. Most chunks of ordinary text
+/// occur once, so the first position is stored inline and a queue is
+/// allocated only for a chunk that recurs.
+#[derive(Debug)]
+enum Occurrences {
+    One(usize),
+    Many(VecDeque<usize>),
+}
+
+impl Occurrences {
+    fn front(&self) -> Option<usize> {
+        match self {
+            Self::One(p) => Some(*p),
+            Self::Many(q) => q.front().copied(),
+        }
+    }
+
+    fn last(&self) -> usize {
+        match self {
+            Self::One(p) => *p,
+            Self::Many(q) => q.back().copied().unwrap_or(0),
+        }
+    }
+
+    /// Adds `position`, keeping at most `keep`; returns how many are kept.
+    fn push(&mut self, position: usize, keep: usize) -> usize {
+        if let Self::One(first) = *self {
+            let mut q = VecDeque::with_capacity(keep.min(16));
+            q.push_back(first);
+            *self = Self::Many(q);
+        }
+        match self {
+            Self::Many(q) => {
+                q.push_back(position);
+                if q.len() > keep {
+                    q.pop_front();
+                }
+                q.len()
+            }
+            Self::One(_) => 1,
+        }
+    }
 }
 
 impl ChantingDetector {
@@ -114,15 +156,18 @@ impl ChantingDetector {
             line: Line::Pending,
             pending: String::new(),
             in_fence: false,
-            window: VecDeque::with_capacity(chunk_chars),
+            window: Vec::with_capacity(chunk_chars),
             h1: 0,
             h2: 0,
             pow1: pow(B1, chunk_chars),
             pow2: pow(B2, chunk_chars),
             pos: 0,
-            occurrences: HashMap::default(),
-            order: VecDeque::new(),
-            recent: VecDeque::with_capacity(chunk_chars),
+            // Sized for the positions that can be live at once, so a long
+            // stream never rehashes.
+            occurrences: HashMap::with_capacity_and_hasher(
+                live_positions(chunk_chars, threshold),
+                BuildHasherDefault::default(),
+            ),
         })
     }
 
@@ -140,8 +185,6 @@ impl ChantingDetector {
         self.h2 = 0;
         self.pos = 0;
         self.occurrences.clear();
-        self.order.clear();
-        self.recent.clear();
     }
 
     /// Feeds streamed text; a verdict when chanting is detected.
@@ -211,18 +254,16 @@ impl ChantingDetector {
         let v = u64::from(u32::from(c)) + 1;
         self.h1 = self.h1.wrapping_mul(B1).wrapping_add(v);
         self.h2 = self.h2.wrapping_mul(B2).wrapping_add(v);
-        self.window.push_back(u32::from(c));
-        if self.recent.len() == self.chunk {
-            self.recent.pop_front();
-        }
-        self.recent.push_back(c);
-        if self.window.len() > self.chunk {
-            let out = u64::from(self.window.pop_front().unwrap_or(0)) + 1;
+        let slot = self.pos % self.chunk;
+        if self.window.len() < self.chunk {
+            self.window.push(u32::from(c));
+        } else {
+            let out = u64::from(std::mem::replace(&mut self.window[slot], u32::from(c))) + 1;
             self.h1 = self.h1.wrapping_sub(out.wrapping_mul(self.pow1));
             self.h2 = self.h2.wrapping_sub(out.wrapping_mul(self.pow2));
         }
         self.pos += 1;
-        if self.window.len() < self.chunk {
+        if self.pos < self.chunk {
             return None;
         }
         let start = self.pos - self.chunk;
@@ -232,36 +273,38 @@ impl ChantingDetector {
     fn record(&mut self, start: usize, key: Key) -> Option<Verdict> {
         // Occurrences further back than this can never be part of a run of
         // `threshold` occurrences ending here with a small enough mean gap.
-        let span = (self.threshold - 1) * MEAN_GAP_FACTOR * self.chunk;
-        while let Some(&(old, old_key)) = self.order.front() {
-            if old + span >= start {
-                break;
-            }
-            self.order.pop_front();
-            if let Some(positions) = self.occurrences.get_mut(&old_key) {
-                if positions.front() == Some(&old) {
-                    positions.pop_front();
-                }
-                if positions.is_empty() {
-                    self.occurrences.remove(&old_key);
-                }
-            }
+        // Forgetting them is only for memory (a stale position can never pass
+        // the mean-gap check), so it is done in a sweep every `span`
+        // characters: amortised O(1) per character.
+        let span = max_span(self.chunk, self.threshold).max(1);
+        if start % span == 0 && start > 0 {
+            self.occurrences
+                .retain(|_, o| o.last().saturating_add(span) >= start);
         }
-        self.order.push_back((start, key));
-        let positions = self.occurrences.entry(key).or_default();
-        positions.push_back(start);
-        if positions.len() > self.threshold {
-            positions.pop_front();
-        }
-        if positions.len() < self.threshold {
+        let (kept, first) = match self.occurrences.entry(key) {
+            Entry::Vacant(v) => {
+                v.insert(Occurrences::One(start));
+                (1, start)
+            }
+            Entry::Occupied(mut o) => {
+                let kept = o.get_mut().push(start, self.threshold);
+                (kept, o.get().front().unwrap_or(start))
+            }
+        };
+        if kept < self.threshold {
             return None;
         }
-        let first = positions.front().copied().unwrap_or(start);
         let mean_gap = (start - first) / (self.threshold - 1);
         if mean_gap > MEAN_GAP_FACTOR * self.chunk {
             return None;
         }
-        let chunk: String = self.recent.iter().collect();
+        // The ring's oldest character sits at `pos % chunk`.
+        let oldest = self.pos % self.chunk;
+        let chunk: String = self.window[oldest..]
+            .iter()
+            .chain(&self.window[..oldest])
+            .filter_map(|c| char::from_u32(*c))
+            .collect();
         let detail = format!(
             "a {}-character chunk recurred {} times with a mean gap of {mean_gap} characters: \"{}\"",
             self.chunk,
@@ -274,6 +317,24 @@ impl ChantingDetector {
         self.reset_chunks();
         Some(verdict)
     }
+}
+
+/// The largest distance between the first and last of `threshold`
+/// occurrences whose mean gap is allowed.
+fn max_span(chunk: usize, threshold: usize) -> usize {
+    threshold
+        .saturating_sub(1)
+        .saturating_mul(MEAN_GAP_FACTOR)
+        .saturating_mul(chunk)
+}
+
+/// How many chunk positions can be live at once between two sweeps (capped
+/// for preallocation).
+fn live_positions(chunk: usize, threshold: usize) -> usize {
+    max_span(chunk, threshold)
+        .saturating_mul(2)
+        .saturating_add(1)
+        .min(1 << 16)
 }
 
 fn pow(base: u64, exp: usize) -> u64 {
@@ -462,8 +523,11 @@ mod tests {
         for i in 0..20_000 {
             assert!(d.observe(&format!("{i:08x} ")).is_none());
         }
-        assert!(d.order.len() <= 9 * 5 * 50 + 1, "{}", d.order.len());
-        assert!(d.occurrences.len() <= d.order.len());
+        assert!(
+            d.occurrences.len() <= 2 * 9 * 5 * 50 + 1,
+            "{}",
+            d.occurrences.len()
+        );
     }
 
     #[test]
