@@ -65,6 +65,11 @@ impl ToolResult {
     pub fn to_message(&self) -> Message {
         Message::tool(self.call_id.clone(), self.content.clone())
     }
+
+    /// This result as a [`Role::Tool`] history message, without copying.
+    pub fn into_message(self) -> Message {
+        Message::tool(self.call_id, self.content)
+    }
 }
 
 /// One message of a conversation.

@@ -287,11 +287,11 @@ impl Run {
     }
 
     async fn hooks(&mut self, phase: Phase, focus: Focus<'_>) -> Result<(), TerminationReason> {
-        let agent = self.agent.clone();
-        let hooks = agent.hooks(phase);
-        if hooks.is_empty() {
+        if self.agent.hooks(phase).is_empty() {
             return Ok(());
         }
+        let agent = self.agent.clone();
+        let hooks = agent.hooks(phase);
         let mut ctx = PhaseContext {
             phase,
             run: &self.id,
@@ -620,7 +620,12 @@ impl Run {
         None
     }
 
-    fn spawn_tool(&self, tool: Arc<dyn Tool>, call: &ToolCall) -> JoinHandle<ToolResult> {
+    /// The future that runs one call: a panic becomes an error result.
+    fn tool_future(
+        &self,
+        tool: Arc<dyn Tool>,
+        call: &ToolCall,
+    ) -> impl Future<Output = ToolResult> + Send + 'static {
         let ctx = ToolContext::new(
             self.id.thread_id.clone(),
             self.id.run_id.clone(),
@@ -629,7 +634,7 @@ impl Run {
         );
         let args = call.arguments.clone();
         let (call_id, name) = (call.id.clone(), call.name.clone());
-        tokio::spawn(CURRENT_RUN.scope(self.control.run_id.clone(), async move {
+        async move {
             let outcome = AssertUnwindSafe(tool.execute(args, &ctx))
                 .catch_unwind()
                 .await;
@@ -650,7 +655,7 @@ impl Run {
                 content,
                 is_error,
             }
-        }))
+        }
     }
 
     fn unknown_tool(&self, call: &ToolCall) -> ToolResult {
@@ -679,7 +684,7 @@ impl Run {
     /// dropped (aborted and awaited) before this returns.
     async fn run_tools(&mut self, calls: &[ToolCall]) -> Result<(), TerminationReason> {
         let mut results: Vec<Option<ToolResult>> = vec![None; calls.len()];
-        let mut pending: Vec<(usize, JoinHandle<ToolResult>)> = Vec::with_capacity(calls.len());
+        let mut ready: Vec<(usize, Arc<dyn Tool>)> = Vec::with_capacity(calls.len());
         let mut ending: Option<TerminationReason> = None;
         for (i, call) in calls.iter().enumerate() {
             let focus = Focus {
@@ -701,23 +706,49 @@ impl Run {
                 arguments: call.arguments.clone(),
             });
             match self.agent.tools.get(&call.name) {
-                Some(tool) => pending.push((i, self.spawn_tool(tool.clone(), call))),
+                Some(tool) => ready.push((i, tool.clone())),
                 None => results[i] = Some(self.unknown_tool(call)),
             }
         }
 
-        // Wait for every spawned call; on cancellation (or a failed hook)
+        let mut cut = ending.is_some();
+        if let ([(i, tool)], false) = (ready.as_slice(), cut) {
+            // A single call runs on the run's own task: no spawn, no
+            // cross-task wake-up. Dropping it on cancellation is what an
+            // abort would do to a spawned task.
+            let i = *i;
+            let call = tool_call_future(self, tool.clone(), &calls[i]);
+            tokio::select! {
+                biased;
+                _ = interrupted(&self.control) => {
+                    cut = true;
+                    results[i] = Some(cancelled_result(&calls[i]));
+                }
+                result = call => results[i] = Some(result),
+            }
+            ready.clear();
+        }
+
+        // Spawn the calls; wait for all; on cancellation (or a failed hook)
         // abort the rest and keep draining, so that each future has
         // completed or been dropped before the results are recorded.
+        let pending: Vec<(usize, JoinHandle<ToolResult>)> = if cut {
+            Vec::new()
+        } else {
+            let run_id = self.control.run_id.clone();
+            ready
+                .into_iter()
+                .map(|(i, tool)| {
+                    let call = tool_call_future(self, tool, &calls[i]);
+                    (i, tokio::spawn(CURRENT_RUN.scope(run_id.clone(), call)))
+                })
+                .collect()
+        };
         let aborts: Vec<_> = pending.iter().map(|(_, h)| h.abort_handle()).collect();
         let mut running: FuturesUnordered<_> = pending
             .into_iter()
             .map(|(i, handle)| async move { (i, handle.await) })
             .collect();
-        let mut cut = ending.is_some();
-        if cut {
-            aborts.iter().for_each(AbortHandle::abort);
-        }
         loop {
             tokio::select! {
                 biased;
@@ -736,7 +767,8 @@ impl Run {
         let cancelled = cut && ending.is_none();
 
         let run_after_hooks = !cancelled && ending.is_none();
-        let mut recorded: Vec<(&ToolCall, ToolResult)> = Vec::with_capacity(calls.len());
+        let watch = self.detectors.watches_tool_calls();
+        let mut recorded: Vec<(&ToolCall, ToolResult)> = Vec::new();
         for (call, result) in calls.iter().zip(results) {
             let Some(result) = result else { continue };
             if run_after_hooks && ending.is_none() {
@@ -757,13 +789,17 @@ impl Run {
                 result: result.content.clone(),
                 is_error: result.is_error,
             });
-            self.history_mut().push(result.to_message());
-            recorded.push((call, result));
+            if watch {
+                self.history_mut().push(result.to_message());
+                recorded.push((call, result));
+            } else {
+                self.history_mut().push(result.into_message());
+            }
         }
         if cancelled {
             return Err(self.cancelled_reason());
         }
-        if ending.is_none() {
+        if ending.is_none() && watch {
             let round: Vec<(&ToolCall, &ToolResult)> =
                 recorded.iter().map(|(c, r)| (*c, r)).collect();
             if let Some(verdict) = self.detectors.observe_tool_results(&round) {
@@ -839,6 +875,16 @@ fn cancelled_result(call: &ToolCall) -> ToolResult {
         content: "cancelled: the run was cancelled before this call finished".to_owned(),
         is_error: true,
     }
+}
+
+/// `run.tool_future(..)`, as a free function so the borrow of `run` ends
+/// before the future is awaited.
+fn tool_call_future(
+    run: &Run,
+    tool: Arc<dyn Tool>,
+    call: &ToolCall,
+) -> impl Future<Output = ToolResult> + Send + 'static {
+    run.tool_future(tool, call)
 }
 
 /// The text of the result given to a call that never ran.

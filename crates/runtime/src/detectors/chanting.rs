@@ -277,7 +277,7 @@ impl ChantingDetector {
         // the mean-gap check), so it is done in a sweep every `span`
         // characters: amortised O(1) per character.
         let span = max_span(self.chunk, self.threshold).max(1);
-        if start % span == 0 && start > 0 {
+        if start.is_multiple_of(span) && start > 0 {
             self.occurrences
                 .retain(|_, o| o.last().saturating_add(span) >= start);
         }

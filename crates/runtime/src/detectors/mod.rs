@@ -117,6 +117,11 @@ impl Detectors {
         !self.chanting.is_empty()
     }
 
+    /// Whether any detector watches tool calls.
+    pub(crate) fn watches_tool_calls(&self) -> bool {
+        !self.tool_loops.is_empty()
+    }
+
     /// A new answer starts streaming.
     pub(crate) fn start_response(&mut self) {
         self.chanting
