@@ -310,3 +310,77 @@ async fn non_streaming_answers_become_the_same_deltas() {
     let sent: Value = serde_json::from_str(&server.await.unwrap()).unwrap();
     assert_eq!(sent["stream"], false);
 }
+
+fn json_response(status: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Opens a streamed request against a server answering `response` once.
+async fn open_error(response: String, streaming: bool) -> InferenceError {
+    let (base_url, _server) = serve_once(response).await;
+    let request = InferenceRequest::new("local-model", vec![Message::user("hi")]);
+    let executor = local(&base_url).with_streaming(streaming);
+    match executor.open(&request).await {
+        Ok(stream) => match collect(stream).await.into_iter().find_map(Result::err) {
+            Some(error) => error,
+            None => panic!("the server's error must surface"),
+        },
+        Err(error) => error,
+    }
+}
+
+#[tokio::test]
+async fn a_server_error_is_retryable() {
+    for streaming in [true, false] {
+        let error = open_error(
+            json_response(
+                "500 Internal Server Error",
+                r#"{"error":{"message":"boom"}}"#,
+            ),
+            streaming,
+        )
+        .await;
+        assert_eq!(error.kind(), InferenceErrorKind::Server, "{error}");
+        assert!(error.is_retryable());
+        assert!(
+            error.message().starts_with("HTTP 500"),
+            "{}",
+            error.message()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_rejected_key_is_unauthorized_and_not_retryable() {
+    for streaming in [true, false] {
+        let error = open_error(
+            json_response(
+                "401 Unauthorized",
+                r#"{"error":{"message":"Incorrect API key provided"}}"#,
+            ),
+            streaming,
+        )
+        .await;
+        assert_eq!(error.kind(), InferenceErrorKind::Unauthorized, "{error}");
+        assert!(!error.is_retryable());
+    }
+}
+
+#[tokio::test]
+async fn a_context_length_400_is_its_own_kind() {
+    let body = r#"{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.","code":"context_length_exceeded"}}"#;
+    for streaming in [true, false] {
+        let error = open_error(json_response("400 Bad Request", body), streaming).await;
+        assert_eq!(error.kind(), InferenceErrorKind::ContextOverflow, "{error}");
+        assert!(!error.is_retryable());
+    }
+    let error = open_error(
+        json_response("400 Bad Request", r#"{"error":{"message":"bad field"}}"#),
+        true,
+    )
+    .await;
+    assert_eq!(error.kind(), InferenceErrorKind::InvalidRequest, "{error}");
+}
