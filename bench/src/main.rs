@@ -105,26 +105,31 @@ fn emit(name: &str, metric: &str, value: f64, unit: &str) {
     println!("{name} {metric} {value:.3} {unit}");
 }
 
+/// All seven built-in stop conditions, at limits a benchmark never reaches.
+fn seven_conditions() -> Vec<StopConditionSpec> {
+    vec![
+        StopConditionSpec::MaxRounds { rounds: 1000 },
+        StopConditionSpec::Timeout { seconds: 3600 },
+        StopConditionSpec::TokenBudget {
+            max_total: 1_000_000_000,
+        },
+        StopConditionSpec::ConsecutiveErrors { max: 5 },
+        StopConditionSpec::StopOnTool {
+            tool_name: "never_called".into(),
+        },
+        StopConditionSpec::ContentMatch {
+            pattern: "STOP_NOW_[0-9]+".into(),
+        },
+        StopConditionSpec::LoopDetection { window: 3 },
+    ]
+}
+
 /// W1 / W1b: µs per round of one run of 50 rounds, median of `runs` runs.
 async fn rounds(name: &str, with_policies: bool, runs: usize) {
     const R: usize = 50;
     let mut spec = AgentSpec::new("bench").with_max_rounds(1000);
     if with_policies {
-        for s in [
-            StopConditionSpec::MaxRounds { rounds: 1000 },
-            StopConditionSpec::Timeout { seconds: 3600 },
-            StopConditionSpec::TokenBudget {
-                max_total: 1_000_000_000,
-            },
-            StopConditionSpec::ConsecutiveErrors { max: 5 },
-            StopConditionSpec::StopOnTool {
-                tool_name: "never_called".into(),
-            },
-            StopConditionSpec::ContentMatch {
-                pattern: "STOP_NOW_[0-9]+".into(),
-            },
-            StopConditionSpec::LoopDetection { window: 3 },
-        ] {
+        for s in seven_conditions() {
             spec = spec.with_stop_condition(s);
         }
     }
@@ -296,21 +301,7 @@ async fn mailbox(n: usize) {
 
 /// W5: all seven built-in policies on a 10 KB response and 8 recent texts.
 fn policies(iterations: usize) {
-    let specs = [
-        StopConditionSpec::MaxRounds { rounds: 1000 },
-        StopConditionSpec::Timeout { seconds: 3600 },
-        StopConditionSpec::TokenBudget {
-            max_total: 1_000_000_000,
-        },
-        StopConditionSpec::ConsecutiveErrors { max: 5 },
-        StopConditionSpec::StopOnTool {
-            tool_name: "never_called".into(),
-        },
-        StopConditionSpec::ContentMatch {
-            pattern: "STOP_NOW_[0-9]+".into(),
-        },
-        StopConditionSpec::LoopDetection { window: 3 },
-    ];
+    let specs = seven_conditions();
     let all = policies_from_specs(&specs);
     type Policies = Vec<Arc<dyn StopPolicy>>;
     let (content, others): (Policies, Policies) =
