@@ -1,0 +1,263 @@
+//! The plain structs stop-condition items deserialize into once their
+//! `type` is known: `deny_unknown_fields`, accepting `type`, with range checks
+//! inside visitors so errors point at the offending value.
+
+use super::*;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MaxRounds {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    pub(super) rounds: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Timeout {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    pub(super) seconds: Seconds,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TokenBudget {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    pub(super) max_total: Budget,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ConsecutiveErrors {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    pub(super) max: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct StopOnTool {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    pub(super) tool_name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ContentMatch {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    pub(super) pattern: Pattern,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LoopDetection {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    pub(super) window: Window,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ToolCallLoop {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    #[serde(default = "Threshold::default_tool_calls")]
+    pub(super) threshold: Threshold,
+    #[serde(default = "Cycle::default_cycle")]
+    pub(super) max_cycle: Cycle,
+    #[serde(default)]
+    pub(super) on_detect: OnDetect,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ContentChanting {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    #[serde(default = "ChunkChars::default_chunk")]
+    pub(super) chunk_chars: ChunkChars,
+    #[serde(default = "Threshold::default_chanting")]
+    pub(super) threshold: Threshold,
+    #[serde(default)]
+    pub(super) on_detect: OnDetect,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Stuck {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    #[serde(default = "default_duplicates")]
+    pub(super) duplicates: usize,
+}
+
+fn default_duplicates() -> usize {
+    2
+}
+
+impl Threshold {
+    fn default_tool_calls() -> Self {
+        Self(5)
+    }
+    fn default_chanting() -> Self {
+        Self(10)
+    }
+}
+
+impl Cycle {
+    fn default_cycle() -> Self {
+        Self(5)
+    }
+}
+
+impl ChunkChars {
+    fn default_chunk() -> Self {
+        Self(50)
+    }
+}
+
+/// Only the `type` field, to report an unknown or missing type.
+#[derive(Deserialize)]
+pub(super) struct TypeOnly {
+    #[serde(rename = "type")]
+    _type: KnownType,
+}
+
+struct KnownType;
+
+impl<'de> Deserialize<'de> for KnownType {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(KnownTypeVisitor)
+    }
+}
+
+struct KnownTypeVisitor;
+
+impl Visitor<'_> for KnownTypeVisitor {
+    type Value = KnownType;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a stop condition type")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<KnownType, E> {
+        Err(E::custom(format!(
+            "unknown stop condition type \"{v}\"; expected one of: {}",
+            STOP_CONDITION_TYPES.join(", ")
+        )))
+    }
+}
+
+/// Defines a newtype whose visitor checks an unsigned value.
+macro_rules! checked_uint {
+    ($name:ident, $ty:ty, $what:literal, |$v:ident| $ok:expr, $rule:literal) => {
+        pub(super) struct $name(pub(super) $ty);
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl Visitor<'_> for V {
+                    type Value = $name;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($what)
+                    }
+                    fn visit_u64<E: de::Error>(self, $v: u64) -> Result<$name, E> {
+                        if $ok {
+                            <$ty>::try_from($v)
+                                .map($name)
+                                .map_err(|_| E::custom(format!("{} is too large", $v)))
+                        } else {
+                            Err(E::custom(format!("{} is out of range: {}", $v, $rule)))
+                        }
+                    }
+                    fn visit_i64<E: de::Error>(self, v: i64) -> Result<$name, E> {
+                        match u64::try_from(v) {
+                            Ok(v) => self.visit_u64(v),
+                            Err(_) => Err(E::custom(format!("{v} is out of range: {}", $rule))),
+                        }
+                    }
+                }
+                d.deserialize_u64(V)
+            }
+        }
+    };
+}
+
+checked_uint!(
+    Seconds,
+    u64,
+    "a number of seconds",
+    |v| v <= MAX_TIMEOUT_SECONDS,
+    "timeout seconds must be at most 86400 (24 h); 0 disables"
+);
+checked_uint!(
+    Budget,
+    usize,
+    "a number of tokens",
+    |v| v <= MAX_TOKEN_BUDGET,
+    "max_total must be at most 1000000000; 0 disables"
+);
+checked_uint!(
+    Window,
+    usize,
+    "a window size",
+    |v| v == 0 || (2..=MAX_LOOP_WINDOW as u64).contains(&v),
+    "window must be 0 (disabled) or 2 to 64"
+);
+
+checked_uint!(
+    Threshold,
+    usize,
+    "a repetition count",
+    |v| v != 1,
+    "threshold must be 0 (disabled) or at least 2"
+);
+checked_uint!(
+    Cycle,
+    usize,
+    "a cycle length",
+    |v| v <= MAX_CYCLE as u64,
+    "max_cycle must be 0 (disabled) or 1 to 16"
+);
+checked_uint!(
+    ChunkChars,
+    usize,
+    "a chunk length",
+    |v| v == 0 || (MIN_CHUNK_CHARS as u64..=MAX_CHUNK_CHARS as u64).contains(&v),
+    "chunk_chars must be 0 (disabled) or 8 to 1000"
+);
+
+pub(super) struct Pattern(pub(super) String);
+
+impl<'de> Deserialize<'de> for Pattern {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(PatternVisitor)
+    }
+}
+
+struct PatternVisitor;
+
+impl Visitor<'_> for PatternVisitor {
+    type Value = Pattern;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a regular expression")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Pattern, E> {
+        let chars = v.chars().count();
+        if chars > MAX_PATTERN_CHARS {
+            return Err(E::custom(format!(
+                "the pattern is {chars} characters long; at most {MAX_PATTERN_CHARS} are accepted"
+            )));
+        }
+        if !v.is_empty() {
+            regex::Regex::new(v).map_err(|e| E::custom(format!("invalid regex \"{v}\": {e}")))?;
+        }
+        Ok(Pattern(v.to_owned()))
+    }
+}

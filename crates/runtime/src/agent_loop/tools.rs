@@ -1,0 +1,233 @@
+//! One round's tool calls: `BeforeToolExecute` hooks in call order, the
+//! calls run concurrently (one call on the run's own task, several as
+//! spawned tasks), then results and `AfterToolExecute` hooks in call order.
+//!
+//! **Invariant:** every tool future has completed or been dropped before
+//! [`Run::run_tools`] returns, so a run never releases its thread while one
+//! of its tools still runs.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use rein_runtime_contract::event::AgentEvent;
+use rein_runtime_contract::lifecycle::TerminationReason;
+use rein_runtime_contract::message::{ToolCall, ToolResult};
+use rein_runtime_contract::phase::Phase;
+use rein_runtime_contract::tool::{Tool, ToolContext};
+use tokio::task::{AbortHandle, JoinHandle};
+
+use super::{Focus, Run, interrupted};
+use crate::active_runs::CURRENT_RUN;
+use crate::phase::panic_message;
+
+impl Run {
+    /// The future that runs one call: a panic becomes an error result.
+    fn tool_future(
+        &self,
+        tool: Arc<dyn Tool>,
+        call: &ToolCall,
+    ) -> impl Future<Output = ToolResult> + Send + 'static {
+        let ctx = ToolContext::new(
+            self.id.thread_id.clone(),
+            self.id.run_id.clone(),
+            call.id.clone(),
+            self.control.token.child_token(),
+        );
+        let args = call.arguments.clone();
+        let (call_id, name) = (call.id.clone(), call.name.clone());
+        async move {
+            let outcome = AssertUnwindSafe(tool.execute(args, &ctx))
+                .catch_unwind()
+                .await;
+            let (content, is_error) = match outcome {
+                Ok(Ok(output)) => (output.to_content(), false),
+                Ok(Err(error)) => (format!("error: {error}"), true),
+                Err(payload) => (
+                    format!(
+                        "error: tool \"{name}\" panicked: {}",
+                        panic_message(payload.as_ref())
+                    ),
+                    true,
+                ),
+            };
+            ToolResult {
+                call_id,
+                name,
+                content,
+                is_error,
+            }
+        }
+    }
+
+    fn unknown_tool(&self, call: &ToolCall) -> ToolResult {
+        let mut names: Vec<&str> = self.agent.tools.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            content: format!(
+                "error: unknown tool \"{}\"; available tools: {}",
+                call.name,
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            ),
+            is_error: true,
+        }
+    }
+
+    /// Runs one response's tool calls concurrently and records their results
+    /// in call order. Returns the reason if the run must end now.
+    ///
+    /// **Invariant:** every spawned tool future has completed or been
+    /// dropped (aborted and awaited) before this returns.
+    pub(super) async fn run_tools(&mut self, calls: &[ToolCall]) -> Result<(), TerminationReason> {
+        let mut results: Vec<Option<ToolResult>> = vec![None; calls.len()];
+        let mut ready: Vec<(usize, Arc<dyn Tool>)> = Vec::with_capacity(calls.len());
+        let mut ending: Option<TerminationReason> = None;
+        for (i, call) in calls.iter().enumerate() {
+            let focus = Focus {
+                tool_call: Some(call),
+                ..Focus::default()
+            };
+            if let Err(reason) = self.hooks(Phase::BeforeToolExecute, focus).await {
+                ending = Some(reason);
+                break;
+            }
+            if self.directives.termination.is_some() || self.control.token.is_cancelled() {
+                break;
+            }
+            self.emit(AgentEvent::ToolCallStarted {
+                run_id: self.id.run_id.clone(),
+                thread_id: self.id.thread_id.clone(),
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            });
+            match self.agent.tools.get(&call.name) {
+                Some(tool) => ready.push((i, tool.clone())),
+                None => results[i] = Some(self.unknown_tool(call)),
+            }
+        }
+
+        let mut cut = ending.is_some();
+        if let ([(i, tool)], false) = (ready.as_slice(), cut) {
+            // A single call runs on the run's own task: no spawn, no
+            // cross-task wake-up. Dropping it on cancellation is what an
+            // abort would do to a spawned task.
+            let i = *i;
+            let call = tool_call_future(self, tool.clone(), &calls[i]);
+            tokio::select! {
+                biased;
+                _ = interrupted(&self.control) => {
+                    cut = true;
+                    results[i] = Some(cancelled_result(&calls[i]));
+                }
+                result = call => results[i] = Some(result),
+            }
+            ready.clear();
+        }
+
+        // Spawn the calls; wait for all; on cancellation (or a failed hook)
+        // abort the rest and keep draining, so that each future has
+        // completed or been dropped before the results are recorded.
+        let pending: Vec<(usize, JoinHandle<ToolResult>)> = if cut {
+            Vec::new()
+        } else {
+            let run_id = self.control.run_id.clone();
+            ready
+                .into_iter()
+                .map(|(i, tool)| {
+                    let call = tool_call_future(self, tool, &calls[i]);
+                    (i, tokio::spawn(CURRENT_RUN.scope(run_id.clone(), call)))
+                })
+                .collect()
+        };
+        let aborts: Vec<_> = pending.iter().map(|(_, h)| h.abort_handle()).collect();
+        let mut running: FuturesUnordered<_> = pending
+            .into_iter()
+            .map(|(i, handle)| async move { (i, handle.await) })
+            .collect();
+        loop {
+            tokio::select! {
+                biased;
+                _ = interrupted(&self.control), if !cut => {
+                    cut = true;
+                    aborts.iter().for_each(AbortHandle::abort);
+                }
+                next = running.next() => match next {
+                    Some((i, out)) => {
+                        results[i] = Some(out.unwrap_or_else(|_| cancelled_result(&calls[i])));
+                    }
+                    None => break,
+                },
+            }
+        }
+        let cancelled = cut && ending.is_none();
+
+        let run_after_hooks = !cancelled && ending.is_none();
+        let watch = self.detectors.watches_tool_calls();
+        let mut recorded: Vec<(&ToolCall, ToolResult)> = Vec::new();
+        for (call, result) in calls.iter().zip(results) {
+            let Some(result) = result else { continue };
+            if run_after_hooks && ending.is_none() {
+                let focus = Focus {
+                    tool_call: Some(call),
+                    tool_result: Some(&result),
+                    ..Focus::default()
+                };
+                if let Err(reason) = self.hooks(Phase::AfterToolExecute, focus).await {
+                    ending = Some(reason);
+                }
+            }
+            self.emit(AgentEvent::ToolCallFinished {
+                run_id: self.id.run_id.clone(),
+                thread_id: self.id.thread_id.clone(),
+                call_id: result.call_id.clone(),
+                name: result.name.clone(),
+                result: result.content.clone(),
+                is_error: result.is_error,
+            });
+            if watch {
+                self.history_mut().push(result.to_message());
+                recorded.push((call, result));
+            } else {
+                self.history_mut().push(result.into_message());
+            }
+        }
+        if cancelled {
+            return Err(self.cancelled_reason());
+        }
+        if ending.is_none() && watch {
+            let round: Vec<(&ToolCall, &ToolResult)> =
+                recorded.iter().map(|(c, r)| (*c, r)).collect();
+            if let Some(verdict) = self.detectors.observe_tool_results(&round) {
+                self.apply_verdict(verdict);
+            }
+        }
+        ending.map_or(Ok(()), Err)
+    }
+}
+
+fn cancelled_result(call: &ToolCall) -> ToolResult {
+    ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content: "cancelled: the run was cancelled before this call finished".to_owned(),
+        is_error: true,
+    }
+}
+
+/// `run.tool_future(..)`, as a free function so the borrow of `run` ends
+/// before the future is awaited.
+fn tool_call_future(
+    run: &Run,
+    tool: Arc<dyn Tool>,
+    call: &ToolCall,
+) -> impl Future<Output = ToolResult> + Send + 'static {
+    run.tool_future(tool, call)
+}
