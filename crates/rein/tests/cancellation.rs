@@ -119,13 +119,7 @@ async fn a_tool_that_honours_its_token_returns_and_one_that_ignores_it_is_droppe
 
 #[tokio::test]
 async fn a_parent_token_cancels_the_run() {
-    let gate = Gate::new(true);
-    let entered = gate.entered.clone();
-    let model = ScriptedExecutor::new(vec![ScriptedResponse::tool_call("gate", json!({}))]);
-    let runtime = builder_with(model, spec())
-        .with_tool("gate", Arc::new(gate))
-        .build()
-        .unwrap();
+    let (runtime, entered) = gated_runtime(true);
     let client_gone = CancellationToken::new();
     let run = tokio::spawn({
         let runtime = runtime.clone();
@@ -142,13 +136,7 @@ async fn a_parent_token_cancels_the_run() {
 #[tokio::test]
 async fn a_run_handle_and_cancel_run_cancel_by_run_id() {
     for via_runtime in [false, true] {
-        let gate = Gate::new(true);
-        let entered = gate.entered.clone();
-        let model = ScriptedExecutor::new(vec![ScriptedResponse::tool_call("gate", json!({}))]);
-        let runtime = builder_with(model, spec())
-            .with_tool("gate", Arc::new(gate))
-            .build()
-            .unwrap();
+        let (runtime, entered) = gated_runtime(true);
         let handle = runtime.mailbox().submit(user("t", "go")).await.unwrap();
         entered.notified().await;
         if via_runtime {
@@ -164,13 +152,7 @@ async fn a_run_handle_and_cancel_run_cancel_by_run_id() {
 
 #[tokio::test]
 async fn the_run_finished_event_carries_the_cancel_cause() {
-    let gate = Gate::new(true);
-    let entered = gate.entered.clone();
-    let model = ScriptedExecutor::new(vec![ScriptedResponse::tool_call("gate", json!({}))]);
-    let runtime = builder_with(model, spec())
-        .with_tool("gate", Arc::new(gate))
-        .build()
-        .unwrap();
+    let (runtime, entered) = gated_runtime(true);
     let sink = Arc::new(CollectingSink::new());
     let handle = runtime
         .mailbox()

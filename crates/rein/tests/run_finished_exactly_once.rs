@@ -89,13 +89,7 @@ async fn an_inference_error_finishes_once() {
 
 #[tokio::test]
 async fn a_cancelled_run_finishes_once() {
-    let gate = Gate::new(false);
-    let entered = gate.entered.clone();
-    let model = ScriptedExecutor::new(vec![ScriptedResponse::tool_call("gate", json!({}))]);
-    let runtime = builder_with(model, spec())
-        .with_tool("gate", Arc::new(gate))
-        .build()
-        .unwrap();
+    let (runtime, entered) = gated_runtime(false);
     let canceller = runtime.clone();
     tokio::spawn(async move {
         entered.notified().await;
@@ -108,13 +102,7 @@ async fn a_cancelled_run_finishes_once() {
 
 #[tokio::test]
 async fn a_run_whose_runtime_is_shut_down_finishes_once_with_cause_shutdown() {
-    let gate = Gate::new(true);
-    let entered = gate.entered.clone();
-    let model = ScriptedExecutor::new(vec![ScriptedResponse::tool_call("gate", json!({}))]);
-    let runtime = builder_with(model, spec())
-        .with_tool("gate", Arc::new(gate))
-        .build()
-        .unwrap();
+    let (runtime, entered) = gated_runtime(true);
     let stopper = runtime.clone();
     tokio::spawn(async move {
         entered.notified().await;

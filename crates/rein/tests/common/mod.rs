@@ -228,3 +228,16 @@ pub async fn wait_until_idle(runtime: &AgentRuntime, thread: &str) {
     }
     panic!("thread {thread} never became idle");
 }
+
+/// A runtime whose model calls `gate` once (so its run blocks in the tool),
+/// and the signal that the gate was entered.
+pub fn gated_runtime(respect_token: bool) -> (AgentRuntime, Arc<tokio::sync::Notify>) {
+    let gate = Gate::new(respect_token);
+    let entered = gate.entered.clone();
+    let model = ScriptedExecutor::new(vec![ScriptedResponse::tool_call("gate", json!({}))]);
+    let runtime = builder_with(model, spec())
+        .with_tool("gate", Arc::new(gate))
+        .build()
+        .unwrap();
+    (runtime, entered)
+}
