@@ -124,8 +124,21 @@ fn seven_conditions() -> Vec<StopConditionSpec> {
     ]
 }
 
+/// Counts the events it receives (a sink that wants events, so the runtime
+/// builds every one of them).
+#[derive(Default)]
+struct Counting(AtomicU64);
+
+impl EventSink for Counting {
+    fn emit(&self, _event: AgentEvent) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// W1 / W1b: µs per round of one run of 50 rounds, median of `runs` runs.
-async fn rounds(name: &str, with_policies: bool, runs: usize) {
+/// With `events`, every event is built and sent to a counting sink;
+/// without, the runtime's default sink discards them unbuilt.
+async fn rounds(name: &str, with_policies: bool, events: bool, runs: usize) {
     const R: usize = 50;
     let mut spec = AgentSpec::new("bench").with_max_rounds(1000);
     if with_policies {
@@ -136,8 +149,13 @@ async fn rounds(name: &str, with_policies: bool, runs: usize) {
     let runtime = runtime_with(model(R, None), spec);
     let mut per_round = Vec::with_capacity(runs);
     for i in 0..runs {
+        let sink = Arc::new(Counting::default());
         let start = Instant::now();
-        let result = runtime.run_to_completion(user(format!("w1-{i}"))).await;
+        let result = if events {
+            runtime.run(user(format!("w1-{i}")), sink.clone()).await
+        } else {
+            runtime.run_to_completion(user(format!("w1-{i}"))).await
+        };
         let elapsed = start.elapsed();
         match result {
             Ok(r)
@@ -391,6 +409,17 @@ fn chanting(bytes: usize) {
     emit("chanting", "per_byte", ns, "ns");
 }
 
+/// Runs the workload as a task on one of the two workers, as server code
+/// would, not on the thread that owns the runtime.
+fn on_worker<F: std::future::Future<Output = ()> + Send + 'static>(
+    rt: &tokio::runtime::Runtime,
+    workload: F,
+) {
+    if let Err(e) = rt.block_on(rt.spawn(workload)) {
+        fail(&format!("the workload task failed: {e}"));
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let tiny = args.iter().any(|a| a == "--tiny");
@@ -406,12 +435,13 @@ fn main() {
         .unwrap_or_else(|e| fail(&format!("cannot start tokio: {e}")));
     let scale = |full: usize, small: usize| if tiny { small } else { full };
     match workload.as_str() {
-        "rounds" => rt.block_on(rounds("rounds", false, scale(200, 2))),
-        "rounds_policies" => rt.block_on(rounds("rounds_policies", true, scale(200, 2))),
-        "concurrent" => rt.block_on(concurrent(scale(10_000, 20))),
-        "cancel" => rt.block_on(cancel("cancel", false, scale(1000, 5))),
-        "cancel_open" => rt.block_on(cancel("cancel_open", true, scale(1000, 5))),
-        "mailbox" => rt.block_on(mailbox(scale(1000, 10))),
+        "rounds" => on_worker(&rt, rounds("rounds", false, false, scale(200, 2))),
+        "rounds_policies" => on_worker(&rt, rounds("rounds_policies", true, false, scale(200, 2))),
+        "rounds_events" => on_worker(&rt, rounds("rounds_events", false, true, scale(200, 2))),
+        "concurrent" => on_worker(&rt, concurrent(scale(10_000, 20))),
+        "cancel" => on_worker(&rt, cancel("cancel", false, scale(1000, 5))),
+        "cancel_open" => on_worker(&rt, cancel("cancel_open", true, scale(1000, 5))),
+        "mailbox" => on_worker(&rt, mailbox(scale(1000, 10))),
         "policies" => policies(scale(1_000_000, 100)),
         "chanting" => chanting(scale(1 << 20, 4096)),
         other => fail(&format!("unknown workload \"{other}\"")),

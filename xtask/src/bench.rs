@@ -7,9 +7,10 @@ use std::collections::BTreeMap;
 use std::process::Command;
 
 /// The workloads, in order, with their names in the table.
-pub(crate) const WORKLOADS: [(&str, &str); 8] = [
+pub(crate) const WORKLOADS: [(&str, &str); 9] = [
     ("rounds", "W1"),
     ("rounds_policies", "W1b"),
+    ("rounds_events", "W1 with an event sink"),
     ("concurrent", "W2"),
     ("cancel", "W3"),
     ("cancel_open", "W3a"),

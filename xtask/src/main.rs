@@ -50,7 +50,7 @@ commands:
                                        REIN_LLM_BASE_URL=<url> as its last line
   bench [NAME...] [--json PATH] [--tiny]
                                        release-mode benchmarks, median of 3 fresh processes;
-                                       names: rounds rounds_policies concurrent cancel
+                                       names: rounds rounds_policies rounds_events concurrent cancel
                                        cancel_open mailbox policies chanting";
 
 /// Runs `cargo` with `args`, failing with the command line when it fails.

@@ -172,6 +172,13 @@ impl AgentEvent {
 pub trait EventSink: Send + Sync {
     /// Receives one event.
     fn emit(&self, event: AgentEvent);
+
+    /// Whether this sink wants events at all. A sink that answers `false`
+    /// (like [`NullSink`]) lets the runtime skip building them; the default
+    /// is `true`.
+    fn is_enabled(&self) -> bool {
+        true
+    }
 }
 
 /// A sink that drops every event.
@@ -180,6 +187,10 @@ pub struct NullSink;
 
 impl EventSink for NullSink {
     fn emit(&self, _event: AgentEvent) {}
+
+    fn is_enabled(&self) -> bool {
+        false
+    }
 }
 
 /// A sink that keeps every event in memory, for tests and examples.

@@ -100,6 +100,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         detectors: Detectors::new(&agent.spec.stop_conditions),
         agent,
         control,
+        events: sink.is_enabled(),
         sink,
         store,
         backoff,
@@ -113,7 +114,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         usage_complete: true,
         response: String::new(),
     };
-    run.emit(AgentEvent::RunStarted {
+    run.emit(|| AgentEvent::RunStarted {
         run_id: run.id.run_id.clone(),
         thread_id: run.id.thread_id.clone(),
         agent_id: run.id.agent_id.clone(),
@@ -153,6 +154,8 @@ struct Run {
     control: Arc<RunControl>,
     id: RunIdentity,
     sink: Arc<dyn EventSink>,
+    /// Whether the sink wants events (see `EventSink::is_enabled`).
+    events: bool,
     store: Arc<dyn ThreadStore>,
     backoff: RetryBackoff,
     /// The next inference's request; `request.messages` is the history.
@@ -205,8 +208,11 @@ fn store_failed(e: ThreadStoreError) -> TerminationReason {
 }
 
 impl Run {
-    fn emit(&self, event: AgentEvent) {
-        self.sink.emit(event);
+    /// Builds and sends an event, unless the sink wants none.
+    fn emit(&self, event: impl FnOnce() -> AgentEvent) {
+        if self.events {
+            self.sink.emit(event());
+        }
     }
 
     fn history_mut(&mut self) -> &mut Vec<Message> {
@@ -309,7 +315,7 @@ impl Run {
             self.steps += 1;
             // A request for another round applies to the round it was made in.
             self.directives.another_round = false;
-            self.emit(AgentEvent::StepStarted {
+            self.emit(|| AgentEvent::StepStarted {
                 run_id: self.id.run_id.clone(),
                 thread_id: self.id.thread_id.clone(),
                 step: self.steps,
@@ -361,7 +367,7 @@ impl Run {
             return;
         }
         for text in std::mem::take(&mut self.directives.user_messages) {
-            self.emit(AgentEvent::Nudge {
+            self.emit(|| AgentEvent::Nudge {
                 run_id: self.id.run_id.clone(),
                 thread_id: self.id.thread_id.clone(),
                 text: text.clone(),
@@ -440,7 +446,7 @@ impl Run {
         self.detectors.start_response();
         let outcome = {
             let request = &self.request;
-            let sink = &self.sink;
+            let sink = self.events.then_some(&self.sink);
             let id = &self.id;
             let partial = &mut partial;
             let detectors = &mut self.detectors;
@@ -455,11 +461,13 @@ impl Run {
                         if text.is_empty() {
                             continue;
                         }
-                        sink.emit(AgentEvent::TextDelta {
-                            run_id: id.run_id.clone(),
-                            thread_id: id.thread_id.clone(),
-                            delta: text.clone(),
-                        });
+                        if let Some(sink) = sink {
+                            sink.emit(AgentEvent::TextDelta {
+                                run_id: id.run_id.clone(),
+                                thread_id: id.thread_id.clone(),
+                                delta: text.clone(),
+                            });
+                        }
                         if watch {
                             verdict = detectors.observe_text(text);
                         }
@@ -520,7 +528,7 @@ impl Run {
             .map(|s| s.consecutive_errors)
             .unwrap_or(1);
         let delay = self.backoff.delay(attempt, &error);
-        self.emit(AgentEvent::InferenceRetry {
+        self.emit(|| AgentEvent::InferenceRetry {
             run_id: self.id.run_id.clone(),
             thread_id: self.id.thread_id.clone(),
             attempt,
@@ -621,7 +629,7 @@ impl Run {
             .cloned()
             .unwrap_or_default();
         tracing::debug!(%reason, steps = self.steps, "run finished");
-        self.emit(AgentEvent::RunFinished {
+        self.emit(|| AgentEvent::RunFinished {
             run_id: self.id.run_id.clone(),
             thread_id: self.id.thread_id.clone(),
             termination: reason.clone(),

@@ -101,7 +101,7 @@ impl Run {
             if self.directives.termination.is_some() || self.control.token.is_cancelled() {
                 break;
             }
-            self.emit(AgentEvent::ToolCallStarted {
+            self.emit(|| AgentEvent::ToolCallStarted {
                 run_id: self.id.run_id.clone(),
                 thread_id: self.id.thread_id.clone(),
                 call_id: call.id.clone(),
@@ -184,7 +184,7 @@ impl Run {
                     ending = Some(reason);
                 }
             }
-            self.emit(AgentEvent::ToolCallFinished {
+            self.emit(|| AgentEvent::ToolCallFinished {
                 run_id: self.id.run_id.clone(),
                 thread_id: self.id.thread_id.clone(),
                 call_id: result.call_id.clone(),
