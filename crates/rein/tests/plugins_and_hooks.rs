@@ -441,3 +441,95 @@ async fn a_plugins_tools_serve_only_the_agents_that_list_it() {
         ]
     );
 }
+
+#[derive(Clone)]
+struct StopAtFirstCall;
+#[async_trait::async_trait]
+impl PhaseHook for StopAtFirstCall {
+    async fn run(&self, ctx: &mut PhaseContext<'_>) -> Result<(), HookError> {
+        ctx.request_termination(TerminationReason::stopped("policy", "no tools"));
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+struct FailAtSecondCall;
+#[async_trait::async_trait]
+impl PhaseHook for FailAtSecondCall {
+    async fn run(&self, ctx: &mut PhaseContext<'_>) -> Result<(), HookError> {
+        if ctx.tool_call().is_some_and(|c| c.arguments["n"] == 2) {
+            return Err(HookError::new("refused"));
+        }
+        Ok(())
+    }
+}
+
+fn two_calls() -> ScriptedExecutor {
+    ScriptedExecutor::new(vec![ScriptedResponse::tool_calls(vec![
+        ("echo", json!({"n": 1})),
+        ("echo", json!({"n": 2})),
+    ])])
+}
+
+#[tokio::test]
+async fn a_stop_before_the_first_call_answers_every_call_in_the_stored_history() {
+    let runtime = builder_with(two_calls(), spec().with_plugin_id("gate"))
+        .with_plugin(
+            "gate",
+            Arc::new(HookOnly(Phase::BeforeToolExecute, StopAtFirstCall)),
+        )
+        .with_tool("echo", Arc::new(Echo("echo")))
+        .build()
+        .unwrap();
+    let sink = Arc::new(CollectingSink::new());
+    let r = runtime.run(user("t", "go"), sink.clone()).await.unwrap();
+    assert_eq!(
+        r.termination,
+        TerminationReason::stopped("policy", "no tools")
+    );
+    let history = runtime.thread_messages("t").await;
+    assert_history_valid(&history);
+    let results = tool_results(&history);
+    assert_eq!(results.len(), 2);
+    assert!(
+        results
+            .iter()
+            .all(|r| r.1 == "not run: the run was stopped (policy)"),
+        "{results:?}"
+    );
+    assert!(
+        !sink
+            .events()
+            .iter()
+            .any(|e| matches!(e, AgentEvent::ToolCallStarted { .. }))
+    );
+}
+
+#[tokio::test]
+async fn every_started_tool_call_also_finishes_when_a_later_hook_fails() {
+    let runtime = builder_with(two_calls(), spec().with_plugin_id("gate"))
+        .with_plugin(
+            "gate",
+            Arc::new(HookOnly(Phase::BeforeToolExecute, FailAtSecondCall)),
+        )
+        .with_tool("echo", Arc::new(Echo("echo")))
+        .build()
+        .unwrap();
+    let sink = Arc::new(CollectingSink::new());
+    let r = runtime.run(user("t", "go"), sink.clone()).await.unwrap();
+    assert_eq!(
+        r.termination,
+        TerminationReason::Error("hook gate at before_tool_execute: refused".into())
+    );
+    let events = sink.events();
+    let started = events
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::ToolCallStarted { .. }))
+        .count();
+    let finished = events
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::ToolCallFinished { .. }))
+        .count();
+    assert_eq!(started, finished);
+    assert_history_valid(&runtime.thread_messages("t").await);
+}

@@ -95,3 +95,17 @@ async fn timeout_policy_in_milliseconds_stops_after_the_inference_that_crosses_i
     assert_eq!(r.steps, 2);
     assert_eq!(r.cancel_cause, None, "a policy stop is not a cancellation");
 }
+
+#[tokio::test]
+async fn a_timeout_too_far_away_to_represent_is_no_deadline() {
+    let model = ScriptedExecutor::new(vec![ScriptedResponse::text("fine")]);
+    let runtime = builder_with(
+        model,
+        spec().with_stop_condition(StopConditionSpec::Timeout { seconds: u64::MAX }),
+    )
+    .build()
+    .unwrap();
+    let r = runtime.run_to_completion(user("t", "go")).await.unwrap();
+    assert_eq!(r.termination, TerminationReason::NaturalEnd);
+    assert_eq!(runtime.thread_messages("t").await.len(), 2);
+}

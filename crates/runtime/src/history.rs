@@ -15,22 +15,21 @@ use rein_runtime_contract::message::{Message, Role};
 ///
 /// Calls before `from` are assumed answered (the caller validated them).
 pub(crate) fn repair(messages: &mut Vec<Message>, from: usize, note: &str) -> usize {
-    let mut answered: HashSet<&str> = HashSet::new();
+    // Each assistant message with calls is answered by the tool messages
+    // right after it (its block); ids are matched within the block, so an
+    // id a provider reuses in a later round is not mistaken for answered.
     let mut missing: Vec<(usize, String)> = Vec::new();
-    for m in &messages[from.min(messages.len())..] {
-        if let (Role::Tool, Some(id)) = (m.role, &m.tool_call_id) {
-            answered.insert(id);
-        }
-    }
-    // Walk each assistant message with calls and find the end of its block of
-    // tool results, where missing results are inserted.
-    let mut i = from;
+    let mut i = from.min(messages.len());
     while i < messages.len() {
         if messages[i].role == Role::Assistant && !messages[i].tool_calls.is_empty() {
             let mut end = i + 1;
             while end < messages.len() && messages[end].role == Role::Tool {
                 end += 1;
             }
+            let answered: HashSet<&str> = messages[i + 1..end]
+                .iter()
+                .filter_map(|m| m.tool_call_id.as_deref())
+                .collect();
             for call in &messages[i].tool_calls {
                 if !answered.contains(call.id.as_str()) {
                     missing.push((end, call.id.clone()));
@@ -132,6 +131,18 @@ mod tests {
         assert!(is_valid(&h));
         assert_eq!(repair(&mut h, 0, "x"), 0);
         assert_eq!(h, before);
+    }
+
+    #[test]
+    fn a_reused_call_id_is_answered_per_block() {
+        let mut h = vec![
+            Message::assistant_with_tools("", vec![call("a")]),
+            Message::tool("a", "ok"),
+            Message::assistant_with_tools("", vec![call("a")]),
+        ];
+        assert_eq!(repair(&mut h, 0, "not run"), 1);
+        assert!(is_valid(&h));
+        assert_eq!(h[3].content, "not run");
     }
 
     #[test]

@@ -90,7 +90,9 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
     let mut state = RunState::new(&agent.keys);
     state.ensure::<StopStatsKey>();
     let started = Instant::now();
-    let watchdog = DeadlineWatchdog::start(&control, agent.deadline.map(|d| started + d));
+    // A deadline too far away to represent is no deadline.
+    let deadline = agent.deadline.and_then(|d| started.checked_add(d));
+    let watchdog = DeadlineWatchdog::start(&control, deadline);
     let mut run = Run {
         id: RunIdentity {
             thread_id: control.thread_id.clone(),
@@ -584,6 +586,11 @@ impl Run {
             return Some(reason);
         }
         if let Err(reason) = self.hooks(Phase::StepEnd, Focus::default()).await {
+            return Some(reason);
+        }
+        // A stop requested during the round ends it before the round is
+        // stored: `finish` answers the calls that did not run, then stores.
+        if let Some(reason) = self.termination() {
             return Some(reason);
         }
         if let Err(reason) = self.persist().await {

@@ -23,6 +23,16 @@ use crate::active_runs::CURRENT_RUN;
 use crate::phase::panic_message;
 
 impl Run {
+    fn started(&self, call: &ToolCall) {
+        self.emit(|| AgentEvent::ToolCallStarted {
+            run_id: self.id.run_id.clone(),
+            thread_id: self.id.thread_id.clone(),
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+        });
+    }
+
     /// The future that runs one call: a panic becomes an error result.
     fn tool_future(
         &self,
@@ -101,20 +111,23 @@ impl Run {
             if self.directives.termination.is_some() || self.control.token.is_cancelled() {
                 break;
             }
-            self.emit(|| AgentEvent::ToolCallStarted {
-                run_id: self.id.run_id.clone(),
-                thread_id: self.id.thread_id.clone(),
-                call_id: call.id.clone(),
-                name: call.name.clone(),
-                arguments: call.arguments.clone(),
-            });
             match self.agent.tools.get(&call.name) {
                 Some(tool) => ready.push((i, tool.clone())),
-                None => results[i] = Some(self.unknown_tool(call)),
+                None => {
+                    self.started(call);
+                    results[i] = Some(self.unknown_tool(call));
+                }
             }
         }
 
-        let mut cut = ending.is_some();
+        // Nothing starts once the run is cancelled or a hook failed: those
+        // calls get "not run" results when the run finishes.
+        let mut cut = ending.is_some() || self.control.token.is_cancelled();
+        if !cut {
+            for (i, _) in &ready {
+                self.started(&calls[*i]);
+            }
+        }
         if let ([(i, tool)], false) = (ready.as_slice(), cut) {
             // A single call runs on the run's own task: no spawn, no
             // cross-task wake-up. Dropping it on cancellation is what an

@@ -156,7 +156,7 @@ impl ChantingDetector {
             line: Line::Pending,
             pending: String::new(),
             in_fence: false,
-            window: Vec::with_capacity(chunk_chars),
+            window: Vec::with_capacity(chunk_chars.min(1024)),
             h1: 0,
             h2: 0,
             pow1: pow(B1, chunk_chars),
@@ -294,10 +294,12 @@ impl ChantingDetector {
         if kept < self.threshold {
             return None;
         }
-        let mean_gap = (start - first) / (self.threshold - 1);
-        if mean_gap > MEAN_GAP_FACTOR * self.chunk {
+        // A mean gap of at most 5 × chunk over `threshold - 1` gaps, exactly
+        // (no rounding): the span may be at most (threshold - 1) × 5 × chunk.
+        if start - first > max_span(self.chunk, self.threshold) {
             return None;
         }
+        let mean_gap = (start - first) / (self.threshold - 1);
         // The ring's oldest character sits at `pos % chunk`.
         let oldest = self.pos % self.chunk;
         let chunk: String = self.window[oldest..]
@@ -338,7 +340,7 @@ fn live_positions(chunk: usize, threshold: usize) -> usize {
 }
 
 fn pow(base: u64, exp: usize) -> u64 {
-    (0..exp).fold(1u64, |acc, _| acc.wrapping_mul(base))
+    base.wrapping_pow(u32::try_from(exp).unwrap_or(u32::MAX))
 }
 
 enum Class {
@@ -506,6 +508,41 @@ mod tests {
         }
         let mut d = ChantingDetector::new(50, 10, OnDetect::Stop).unwrap();
         assert!(fed_in_pieces(&mut d, &text, 64).is_none());
+    }
+
+    /// A 50-character chunk, then unique filler up to the next occurrence,
+    /// once per gap.
+    fn spaced(gaps: &[usize]) -> String {
+        let chunk = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN";
+        let mut text = String::new();
+        let mut n = 0;
+        for &gap in gaps {
+            text.push_str(chunk);
+            let mut filler = String::new();
+            while filler.len() < gap - 50 {
+                filler.push_str(&format!("<{n:05}>"));
+                n += 1;
+            }
+            text.push_str(&filler[..gap - 50]);
+        }
+        text
+    }
+
+    #[test]
+    fn the_mean_gap_limit_is_exact() {
+        // Ten occurrences 250 apart: a mean gap of exactly 5 × 50.
+        assert!(fed_in_pieces(&mut detector(), &spaced(&[250; 10]), 64).is_some());
+        // One gap of 251: a mean of 250.1, just over the limit (rounding
+        // the mean down would wrongly accept it).
+        let mut gaps = [250; 10];
+        gaps[8] = 251;
+        assert!(fed_in_pieces(&mut detector(), &spaced(&gaps), 64).is_none());
+    }
+
+    #[test]
+    fn huge_settings_do_not_allocate_or_spin() {
+        let mut d = ChantingDetector::new(1 << 40, 10, OnDetect::Stop).unwrap();
+        assert!(d.observe("some text").is_none());
     }
 
     #[test]
