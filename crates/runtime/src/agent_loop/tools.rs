@@ -38,7 +38,7 @@ impl Run {
         &self,
         tool: Arc<dyn Tool>,
         call: &ToolCall,
-    ) -> impl Future<Output = ToolResult> + Send + 'static {
+    ) -> impl Future<Output = ToolResult> + Send + 'static + use<> {
         let ctx = ToolContext::new(
             self.id.thread_id.clone(),
             self.id.run_id.clone(),
@@ -133,7 +133,7 @@ impl Run {
             // cross-task wake-up. Dropping it on cancellation is what an
             // abort would do to a spawned task.
             let i = *i;
-            let call = tool_call_future(self, tool.clone(), &calls[i]);
+            let call = self.tool_future(tool.clone(), &calls[i]);
             tokio::select! {
                 biased;
                 _ = interrupted(&self.control) => {
@@ -155,7 +155,7 @@ impl Run {
             ready
                 .into_iter()
                 .map(|(i, tool)| {
-                    let call = tool_call_future(self, tool, &calls[i]);
+                    let call = self.tool_future(tool, &calls[i]);
                     (i, tokio::spawn(CURRENT_RUN.scope(run_id.clone(), call)))
                 })
                 .collect()
@@ -233,14 +233,4 @@ fn cancelled_result(call: &ToolCall) -> ToolResult {
         content: "cancelled: the run was cancelled before this call finished".to_owned(),
         is_error: true,
     }
-}
-
-/// `run.tool_future(..)`, as a free function so the borrow of `run` ends
-/// before the future is awaited.
-fn tool_call_future(
-    run: &Run,
-    tool: Arc<dyn Tool>,
-    call: &ToolCall,
-) -> impl Future<Output = ToolResult> + Send + 'static {
-    run.tool_future(tool, call)
 }
