@@ -25,6 +25,7 @@ pub struct ScriptedResponse {
     delay: Option<Duration>,
     chunk_delay: Option<Duration>,
     stalled: bool,
+    call_id: Option<String>,
 }
 
 impl ScriptedResponse {
@@ -38,6 +39,7 @@ impl ScriptedResponse {
             delay: None,
             chunk_delay: None,
             stalled: false,
+            call_id: None,
         }
     }
 
@@ -100,6 +102,13 @@ impl ScriptedResponse {
     /// Sleeps this long before each chunk after the first.
     pub fn with_chunk_delay(mut self, delay: Duration) -> Self {
         self.chunk_delay = Some(delay);
+        self
+    }
+
+    /// Gives every tool call of this answer the id `id` instead of a fresh
+    /// `call_<n>` — as some providers do, reusing one id within an answer.
+    pub fn with_call_id(mut self, id: impl Into<String>) -> Self {
+        self.call_id = Some(id.into());
         self
     }
 
@@ -263,9 +272,12 @@ impl LlmExecutor for ScriptedExecutor {
             Some(error) => items.push_back(Err(error)),
             None => {
                 for (name, arguments) in response.tool_calls {
-                    let n = self.next_call.fetch_add(1, Ordering::Relaxed);
+                    let id = match &response.call_id {
+                        Some(id) => id.clone(),
+                        None => format!("call_{}", self.next_call.fetch_add(1, Ordering::Relaxed)),
+                    };
                     items.push_back(Ok(InferenceDelta::ToolCall {
-                        call: ToolCall::new(format!("call_{n}"), name, arguments),
+                        call: ToolCall::new(id, name, arguments),
                     }));
                 }
                 if let Some(usage) = response.usage {

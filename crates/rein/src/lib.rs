@@ -93,7 +93,7 @@ pub mod engine {
 
 pub use rein_runtime::{
     AgentRunResult, AgentRuntime, AgentRuntimeBuilder, BuildError, DEFAULT_CANCEL_WAIT_TIMEOUT,
-    Mailbox, RunHandle, RunRequest, RuntimeError,
+    Mailbox, RunHandle, RunObserver, RunRequest, RuntimeError,
 };
 pub use rein_runtime_contract::CancellationToken;
 pub use rein_runtime_contract::event::CollectingSink;

@@ -344,3 +344,59 @@ async fn requests_must_name_an_agent_when_there_are_several_and_unknown_ones_fai
         "failed requests append nothing"
     );
 }
+
+#[tokio::test]
+async fn a_request_with_no_messages_for_an_empty_thread_is_rejected() {
+    let runtime = builder_with(
+        ScriptedExecutor::new(vec![ScriptedResponse::text("hi")]).repeat_last(),
+        spec(),
+    )
+    .build()
+    .unwrap();
+    let err = runtime
+        .run_to_completion(RunRequest::new("t", Vec::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        RuntimeError::EmptyConversation {
+            thread_id: "t".into()
+        }
+    );
+    assert!(!runtime.is_thread_active("t"));
+    // An empty continuation of a thread with a history is fine.
+    runtime.run_to_completion(user("t", "hello")).await.unwrap();
+    let r = runtime
+        .run_to_completion(RunRequest::new("t", Vec::new()))
+        .await
+        .unwrap();
+    assert_eq!(r.termination, TerminationReason::NaturalEnd);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retried_inference_is_announced_as_a_retry_not_a_new_round() {
+    let runtime = builder_with(
+        ScriptedExecutor::new(vec![
+            ScriptedResponse::error(InferenceError::server("boom")),
+            ScriptedResponse::text("fine"),
+        ]),
+        spec(),
+    )
+    .build()
+    .unwrap();
+    let sink = Arc::new(CollectingSink::new());
+    let r = runtime.run(user("t", "go"), sink.clone()).await.unwrap();
+    assert_eq!(r.steps, 2);
+    let rounds: Vec<String> = sink
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            AgentEvent::StepStarted { step, .. } => Some(format!("step {step}")),
+            AgentEvent::RetryStarted { step, attempt, .. } => {
+                Some(format!("retry {step} attempt {attempt}"))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rounds, ["step 1", "retry 2 attempt 2"]);
+}

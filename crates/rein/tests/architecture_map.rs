@@ -33,3 +33,39 @@ fn the_architecture_map_names_every_top_level_module() {
         }
     }
 }
+
+#[test]
+fn no_engine_module_depends_on_auto_mode() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime/src");
+    let mut offenders = Vec::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                if path != src.join("auto") {
+                    stack.push(path);
+                }
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let lib = path == src.join("lib.rs");
+            for line in text.lines() {
+                let code = line.trim_start();
+                if code.starts_with("//") {
+                    continue;
+                }
+                // lib.rs declares the module; nothing else may name it.
+                let declares = lib && code == "pub mod auto;";
+                if !declares && (code.contains("crate::auto") || code.contains("auto::")) {
+                    offenders.push(format!("{}: {code}", path.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "the engine must not depend on auto mode:\n{}",
+        offenders.join("\n")
+    );
+}

@@ -330,3 +330,163 @@ async fn a_round_that_cannot_start_is_an_error() {
     );
     handle.cancel();
 }
+
+/// A guardrail that cancels the thread the first time it is asked — that is,
+/// between rounds, when no run is active — and records what cancel said.
+struct CancelBetweenRounds {
+    runtime: std::sync::OnceLock<AgentRuntime>,
+    said: Mutex<Vec<bool>>,
+}
+
+impl AutoGuardrail for CancelBetweenRounds {
+    fn check(&self, thread_id: &str, _round: &AgentRunResult) -> Option<String> {
+        let runtime = self.runtime.get().unwrap();
+        assert!(!runtime.is_thread_active(thread_id), "between rounds");
+        let mut said = self.said.lock().unwrap();
+        if said.is_empty() {
+            said.push(runtime.cancel_by_thread(thread_id));
+        }
+        None
+    }
+}
+
+#[tokio::test]
+async fn cancel_by_thread_between_rounds_stops_the_session() {
+    let guard = Arc::new(CancelBetweenRounds {
+        runtime: std::sync::OnceLock::new(),
+        said: Mutex::new(Vec::new()),
+    });
+    let runtime = builder_with(
+        ScriptedExecutor::new(vec![ScriptedResponse::text("working")]).repeat_last(),
+        spec(),
+    )
+    .with_auto_guardrail(guard.clone())
+    .build()
+    .unwrap();
+    assert!(guard.runtime.set(runtime.clone()).is_ok());
+    let r = runtime
+        .auto_run(user("t", "go"), None, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(
+        *guard.said.lock().unwrap(),
+        [true],
+        "the cancel found the session"
+    );
+    assert_eq!(r.stop_reason, "cancelled");
+    assert_eq!(r.rounds, 1, "no round started after the cancel");
+}
+
+/// Cancels the thread from a `RunEnd` hook: while the round is finishing.
+struct CancelAtRunEnd(Arc<std::sync::OnceLock<AgentRuntime>>);
+
+#[async_trait::async_trait]
+impl PhaseHook for CancelAtRunEnd {
+    async fn run(&self, ctx: &mut PhaseContext<'_>) -> Result<(), HookError> {
+        let thread = ctx.thread_id().to_owned();
+        assert!(self.0.get().unwrap().cancel_by_thread(&thread));
+        Ok(())
+    }
+}
+
+impl Plugin for CancelAtRunEnd {
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), StateError> {
+        r.register_hook(Phase::RunEnd, Arc::new(CancelAtRunEnd(self.0.clone())));
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_cancel_while_a_round_finishes_starts_no_next_round() {
+    let cell = Arc::new(std::sync::OnceLock::new());
+    let runtime = builder_with(
+        ScriptedExecutor::new(vec![ScriptedResponse::text("working")]).repeat_last(),
+        spec().with_plugin_id("cancel"),
+    )
+    .with_plugin("cancel", Arc::new(CancelAtRunEnd(cell.clone())))
+    .build()
+    .unwrap();
+    assert!(cell.set(runtime.clone()).is_ok());
+    let r = runtime
+        .auto_run(user("t", "go"), None, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "cancelled");
+    assert_eq!(r.rounds, 1);
+}
+
+#[tokio::test]
+async fn cancelling_the_request_token_stops_the_session() {
+    let token = CancellationToken::new();
+    let runtime = builder_with(
+        ScriptedExecutor::new(vec![ScriptedResponse::text("working")]).repeat_last(),
+        spec(),
+    )
+    .with_auto_guardrail(Arc::new(CancelToken(token.clone())))
+    .build()
+    .unwrap();
+    let r = runtime
+        .auto_run(
+            user("t", "go").with_cancellation(token.clone()),
+            None,
+            Arc::new(CollectingSink::new()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "cancelled");
+    assert_eq!(r.rounds, 1);
+}
+
+/// Cancels a token after the first round.
+struct CancelToken(CancellationToken);
+
+impl AutoGuardrail for CancelToken {
+    fn check(&self, _thread_id: &str, _round: &AgentRunResult) -> Option<String> {
+        self.0.cancel();
+        None
+    }
+}
+
+#[tokio::test]
+async fn progress_belongs_to_the_session_and_never_follows_a_runs_run_finished() {
+    let runtime = auto_runtime(experimenter(vec![0.1], "ok"));
+    let policy = AutomationPolicy::from_json(r#"{"maxExperiments": 2}"#).unwrap();
+    let sink = Arc::new(CollectingSink::new());
+    let r = runtime
+        .auto_run(user("t", "go"), policy, sink.clone())
+        .await
+        .unwrap();
+    let events = sink.events();
+    // Invariant 1 holds for every run: RunFinished is its last event.
+    let finished = assert_one_run_finished_last(
+        &events
+            .iter()
+            .filter(|e| !matches!(e, AgentEvent::Progress { .. }))
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(finished.len(), 2);
+    let mut finished_so_far = std::collections::HashSet::new();
+    for e in &events {
+        match e {
+            AgentEvent::RunFinished { run_id, .. } => {
+                finished_so_far.insert(run_id.clone());
+            }
+            AgentEvent::Progress {
+                run_id,
+                round_run_id,
+                ..
+            } => {
+                assert!(run_id.starts_with("auto-"), "{run_id}");
+                assert!(!finished.contains_key(run_id), "a session id is no run id");
+                let round = round_run_id.as_ref().unwrap();
+                assert!(finished_so_far.contains(round), "progress after its round");
+            }
+            other => assert!(
+                !finished_so_far.contains(other.run_id()),
+                "event after its run's RunFinished: {other:?}"
+            ),
+        }
+    }
+    assert_eq!(r.rounds, 2);
+}

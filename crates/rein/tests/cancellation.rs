@@ -174,3 +174,49 @@ async fn the_run_finished_event_carries_the_cancel_cause() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Cancels the thread's run when it sees the `n`-th text delta.
+struct CancelOnDelta {
+    runtime: std::sync::OnceLock<AgentRuntime>,
+    n: usize,
+    seen: std::sync::atomic::AtomicUsize,
+}
+
+impl EventSink for CancelOnDelta {
+    fn emit(&self, event: AgentEvent) {
+        if let AgentEvent::TextDelta { thread_id, .. } = &event
+            && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.n
+        {
+            self.runtime.get().unwrap().cancel_by_thread(thread_id);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_cancel_reaches_a_run_whose_stream_never_waits() {
+    // Every chunk is ready at once: the stream never returns Pending, so
+    // only a check between chunks can see the cancel.
+    let model = Arc::new(ScriptedExecutor::new(vec![ScriptedResponse::text(
+        "word ".repeat(200),
+    )]));
+    let runtime = AgentRuntimeBuilder::new()
+        .with_agent_spec(spec().with_model_id("m"))
+        .with_model(ModelSpec::new("m", "p", "x"))
+        .with_provider("p", model.clone())
+        .build()
+        .unwrap();
+    let sink = Arc::new(CancelOnDelta {
+        runtime: std::sync::OnceLock::new(),
+        n: 3,
+        seen: std::sync::atomic::AtomicUsize::new(0),
+    });
+    assert!(sink.runtime.set(runtime.clone()).is_ok());
+    let r = runtime.run(user("t", "go"), sink.clone()).await.unwrap();
+    assert_eq!(r.termination, TerminationReason::Cancelled);
+    assert_eq!(r.response, "word word word ");
+    assert!(
+        model.served_chunks() < 10,
+        "the stream was dropped at the cancel ({} chunks read)",
+        model.served_chunks()
+    );
+}

@@ -214,7 +214,27 @@ fn loop_detectors_load_with_defaults_and_bounds() {
     let cases: &[(&str, &str)] = &[
         (
             "- {type: tool_call_loop, threshold: 1}",
-            "threshold must be 0 (disabled) or at least 2",
+            "threshold must be 0 (disabled) or 2 to 1000",
+        ),
+        (
+            "- {type: tool_call_loop, threshold: 18446744073709551615}",
+            "18446744073709551615 is out of range: threshold must be 0 (disabled) or 2 to 1000",
+        ),
+        (
+            "- {type: content_chanting, threshold: 1001}",
+            "1001 is out of range: threshold must be 0 (disabled) or 2 to 1000",
+        ),
+        (
+            "- {type: max_rounds, rounds: 1000001}",
+            "rounds must be at most 1000000",
+        ),
+        (
+            "- {type: consecutive_errors, max: 99999999999}",
+            "max must be at most 1000000",
+        ),
+        (
+            "- {type: stuck, duplicates: 64}",
+            "duplicates must be at most 63",
         ),
         (
             "- {type: tool_call_loop, max_cycle: 17}",
@@ -239,6 +259,13 @@ fn loop_detectors_load_with_defaults_and_bounds() {
         assert!(e.message().contains(needle), "{yaml}: {e}");
         assert_eq!(e.line(), Some(1), "{yaml}: {e}");
     }
+    // The agent's own max_rounds is bounded the same way, at the value.
+    let e = load_agent_spec_yaml("id: a\nmax_rounds: 5000000\n").unwrap_err();
+    assert!(
+        e.message().contains("rounds must be at most 1000000"),
+        "{e}"
+    );
+    assert_eq!((e.line(), e.column()), (Some(2), Some(13)), "{e}");
     let zeros = load_stop_conditions_yaml(
         "- {type: tool_call_loop, threshold: 0, max_cycle: 0}\n- {type: content_chanting, chunk_chars: 0, threshold: 0}\n- {type: stuck, duplicates: 0}\n",
     );
@@ -247,7 +274,7 @@ fn loop_detectors_load_with_defaults_and_bounds() {
 
 fn spec_strategy() -> impl Strategy<Value = StopConditionSpec> {
     prop_oneof![
-        any::<u32>().prop_map(|n| StopConditionSpec::MaxRounds { rounds: n as usize }),
+        (0usize..=1_000_000).prop_map(|rounds| StopConditionSpec::MaxRounds { rounds }),
         (0u64..=86_400).prop_map(|seconds| StopConditionSpec::Timeout { seconds }),
         (0usize..=1_000_000_000).prop_map(|max_total| StopConditionSpec::TokenBudget { max_total }),
         any::<u16>().prop_map(|n| StopConditionSpec::ConsecutiveErrors { max: n as usize }),

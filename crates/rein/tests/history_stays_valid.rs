@@ -181,3 +181,126 @@ proptest! {
         });
     }
 }
+
+/// Stops the run at the first `BeforeToolExecute`.
+struct StopBeforeTools;
+
+#[async_trait::async_trait]
+impl PhaseHook for StopBeforeTools {
+    async fn run(&self, ctx: &mut PhaseContext<'_>) -> Result<(), HookError> {
+        ctx.request_termination(TerminationReason::stopped("halt", "before tools"));
+        Ok(())
+    }
+}
+
+impl Plugin for StopBeforeTools {
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), StateError> {
+        r.register_hook(Phase::BeforeToolExecute, Arc::new(StopBeforeTools));
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn calls_sharing_an_id_each_get_a_result_when_a_stop_comes_before_the_tools() {
+    // Some providers reuse call ids within one answer.
+    let model = ScriptedExecutor::new(vec![
+        ScriptedResponse::tool_calls(vec![("echo", json!({"n": 1})), ("echo", json!({"n": 2}))])
+            .with_call_id("same"),
+    ]);
+    let runtime = builder_with(model, spec().with_plugin_id("halt"))
+        .with_tool("echo", Arc::new(Echo("echo")))
+        .with_plugin("halt", Arc::new(StopBeforeTools))
+        .build()
+        .unwrap();
+    let r = runtime.run_to_completion(user("t", "go")).await.unwrap();
+    assert_eq!(r.termination.stop_code(), Some("halt"));
+    let history = runtime.thread_messages("t").await;
+    let results = tool_results(&history);
+    assert_eq!(results.len(), 2, "{history:#?}");
+    assert!(
+        results
+            .iter()
+            .all(|(id, text)| id == "same" && text.starts_with("not run"))
+    );
+}
+
+#[tokio::test]
+async fn input_with_a_tool_result_that_answers_no_call_is_rejected_and_nothing_is_stored() {
+    let runtime = builder_with(
+        ScriptedExecutor::new(vec![ScriptedResponse::text("hi")]).repeat_last(),
+        spec(),
+    )
+    .build()
+    .unwrap();
+    runtime.run_to_completion(user("t", "first")).await.unwrap();
+    let before = runtime.thread_messages("t").await;
+    let orphan = RunRequest::new(
+        "t",
+        vec![Message::user("more"), Message::tool("call-x", "a result")],
+    );
+    let err = runtime.run_to_completion(orphan.clone()).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid input for thread \"t\": message #1: a tool result for call \"call-x\" that no assistant message right before it made; a tool result must directly follow the assistant message whose call it answers, once per call"
+    );
+    let err = runtime.mailbox().submit(orphan).await.unwrap_err();
+    assert!(
+        matches!(err, RuntimeError::InvalidInput { index: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(runtime.thread_messages("t").await, before);
+}
+
+#[tokio::test]
+async fn input_with_a_second_result_for_one_call_is_rejected() {
+    let runtime = builder_with(
+        ScriptedExecutor::new(vec![ScriptedResponse::text("hi")]),
+        spec(),
+    )
+    .build()
+    .unwrap();
+    let twice = RunRequest::new(
+        "t",
+        vec![
+            Message::user("go"),
+            Message::assistant_with_tools("", vec![ToolCall::new("c1", "echo", json!({}))]),
+            Message::tool("c1", "one"),
+            Message::tool("c1", "two"),
+        ],
+    );
+    let err = runtime.run_to_completion(twice).await.unwrap_err();
+    assert!(
+        matches!(&err, RuntimeError::InvalidInput { thread_id, index: 3, reason }
+            if thread_id == "t" && reason.contains("second tool result for call \"c1\"")),
+        "{err}"
+    );
+    assert!(runtime.thread_messages("t").await.is_empty());
+}
+
+#[tokio::test]
+async fn an_empty_answer_is_not_stored_as_an_empty_assistant_message() {
+    let runtime = builder_with(
+        ScriptedExecutor::new(vec![
+            ScriptedResponse::text(""),
+            ScriptedResponse::text("ok"),
+        ]),
+        spec(),
+    )
+    .build()
+    .unwrap();
+    let r = runtime.run_to_completion(user("t", "first")).await.unwrap();
+    assert_eq!(r.termination, TerminationReason::NaturalEnd);
+    assert_eq!(r.response, "");
+    runtime
+        .run_to_completion(user("t", "second"))
+        .await
+        .unwrap();
+    let history = runtime.thread_messages("t").await;
+    assert!(
+        history.iter().all(|m| m.role != Role::Assistant
+            || !m.content.is_empty()
+            || !m.tool_calls.is_empty()),
+        "{history:#?}"
+    );
+    assert_eq!(history.len(), 3, "user, user, assistant: {history:#?}");
+}

@@ -177,7 +177,8 @@ async fn polling_a_status_that_changes_is_not_a_loop() {
 }
 
 #[tokio::test]
-async fn nudge_then_stop_nudges_into_the_next_request_and_stops_on_the_second_detection() {
+async fn nudge_then_stop_nudges_into_the_next_request_and_stops_when_the_call_is_repeated_at_once()
+{
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     let model = ScriptedExecutor::from_fn(move |req| {
@@ -194,9 +195,14 @@ async fn nudge_then_stop_nudges_into_the_next_request_and_stops_on_the_second_de
     .run(user("t", "go"), sink.clone())
     .await
     .unwrap();
-    // 3 calls → nudge; the detector resets; 3 more → stop.
-    assert_eq!(r.steps, 6);
+    // 3 calls → nudge; the very next call repeats it: the nudge failed → stop.
+    assert_eq!(r.steps, 4);
     assert_eq!(r.termination.stop_code(), Some("tool_call_loop"));
+    assert!(
+        r.termination.to_string().contains("right after a nudge"),
+        "{}",
+        r.termination
+    );
     let seen = seen.lock().unwrap();
     assert_eq!(
         seen[3].role,
@@ -214,6 +220,33 @@ async fn nudge_then_stop_nudges_into_the_next_request_and_stops_on_the_second_de
         sink.events()
             .iter()
             .any(|e| matches!(e, AgentEvent::Nudge { text, .. } if *text == seen[3].content))
+    );
+}
+
+#[tokio::test]
+async fn after_a_nudge_a_different_call_starts_a_fresh_streak() {
+    let model = ScriptedExecutor::from_fn(|req| {
+        // search ×3 (→ nudge), then fetch once, then search ×2: no new
+        // streak of 3, so the run ends on its own.
+        let calls = req.messages.iter().filter(|m| m.role == Role::Tool).count();
+        match calls {
+            3 => ScriptedResponse::tool_call("fetch", json!({"url": "x"})),
+            0..=5 => ScriptedResponse::tool_call("search", json!({"q": "same"})),
+            _ => ScriptedResponse::text("done"),
+        }
+    });
+    let r = runtime(
+        model,
+        spec().with_stop_condition(tool_loop(3, OnDetect::NudgeThenStop)),
+    )
+    .run_to_completion(user("t", "go"))
+    .await
+    .unwrap();
+    assert_eq!(
+        r.termination,
+        TerminationReason::NaturalEnd,
+        "{}",
+        r.termination
     );
 }
 
@@ -368,4 +401,33 @@ async fn a_stuck_run_is_nudged_once_then_stopped() {
         .collect();
     assert_eq!(nudges.len(), 1);
     assert!(nudges[0].starts_with("Observed duplicate responses"));
+}
+
+#[tokio::test]
+async fn a_huge_threshold_set_in_code_neither_panics_nor_loses_the_round() {
+    let model = ScriptedExecutor::from_fn(|req| {
+        if req.messages.iter().filter(|m| m.role == Role::Tool).count() < 3 {
+            ScriptedResponse::tool_call("search", json!({"q": "same"}))
+        } else {
+            ScriptedResponse::text("done")
+        }
+    });
+    let r = runtime(
+        model,
+        spec().with_stop_condition(StopConditionSpec::ToolCallLoop {
+            threshold: usize::MAX,
+            max_cycle: usize::MAX,
+            on_detect: OnDetect::Stop,
+        }),
+    )
+    .run_to_completion(user("t", "go"))
+    .await
+    .unwrap();
+    assert_eq!(
+        r.termination,
+        TerminationReason::NaturalEnd,
+        "{}",
+        r.termination
+    );
+    assert_eq!(r.steps, 4);
 }

@@ -218,3 +218,58 @@ async fn different_threads_run_concurrently_and_shutdown_stops_them_all() {
         RuntimeError::ShutDown
     );
 }
+
+#[tokio::test]
+async fn a_submission_that_cannot_start_does_not_interrupt_the_active_run() {
+    let (runtime, entered) = gated_runtime(true);
+    let handle = runtime.mailbox().submit(user("t", "busy")).await.unwrap();
+    entered.notified().await;
+    // An unknown agent, and input that would break the history: both are
+    // rejected before anything is interrupted.
+    let unknown = runtime
+        .mailbox()
+        .submit(user("t", "other agent").with_agent_id("nobody"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(unknown, RuntimeError::UnknownAgent { .. }),
+        "{unknown}"
+    );
+    let orphan = RunRequest::new("t", vec![Message::tool("c9", "orphan")]);
+    let invalid = runtime.mailbox().submit(orphan).await.unwrap_err();
+    assert!(
+        matches!(invalid, RuntimeError::InvalidInput { .. }),
+        "{invalid}"
+    );
+    assert!(
+        runtime.is_thread_active("t"),
+        "the active run was not interrupted"
+    );
+    handle.cancel();
+    let r = handle.wait().await.unwrap();
+    assert_eq!(
+        r.cancel_cause,
+        Some(CancelCause::Requested),
+        "not Interrupted"
+    );
+}
+
+#[tokio::test]
+async fn an_empty_submission_to_an_empty_thread_is_rejected() {
+    let runtime = builder_with(
+        ScriptedExecutor::new(vec![ScriptedResponse::text("hi")]),
+        spec(),
+    )
+    .build()
+    .unwrap();
+    let err = runtime
+        .mailbox()
+        .submit(RunRequest::new("empty", Vec::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "thread \"empty\" has no history and the request has no messages; send at least one message"
+    );
+    assert!(runtime.thread_messages("empty").await.is_empty());
+}

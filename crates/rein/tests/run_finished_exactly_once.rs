@@ -119,3 +119,55 @@ async fn a_run_whose_runtime_is_shut_down_finishes_once_with_cause_shutdown() {
         RuntimeError::ShutDown
     );
 }
+
+/// Records every event, then panics on the ones it is told to.
+struct PanickingSink {
+    events: CollectingSink,
+    on_step: bool,
+}
+
+impl EventSink for PanickingSink {
+    fn emit(&self, event: AgentEvent) {
+        let panic_now = matches!(event, AgentEvent::RunFinished { .. })
+            || (self.on_step && matches!(event, AgentEvent::StepStarted { .. }));
+        self.events.emit(event);
+        if panic_now {
+            panic!("this sink panics");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_sink_gets_one_run_finished_and_the_run_keeps_its_result() {
+    for on_step in [false, true] {
+        let runtime = builder_with(
+            ScriptedExecutor::new(vec![
+                ScriptedResponse::tool_call("echo", json!({"text": "a"})),
+                ScriptedResponse::text("done"),
+            ]),
+            spec(),
+        )
+        .with_tool("echo", Arc::new(Echo("echo")))
+        .build()
+        .unwrap();
+        let sink = Arc::new(PanickingSink {
+            events: CollectingSink::new(),
+            on_step,
+        });
+        let result = runtime
+            .run(user("t", "go"), sink.clone())
+            .await
+            .expect("a sink that panics does not fail the run");
+        assert_eq!(result.termination, TerminationReason::NaturalEnd);
+        assert_eq!(result.response, "done");
+        let events = sink.events.events();
+        let finished = events
+            .iter()
+            .filter(|e| matches!(e, AgentEvent::RunFinished { .. }))
+            .count();
+        assert_eq!(finished, 1, "on_step = {on_step}: {events:#?}");
+        assert_one_run_finished_last(&events);
+        assert_history_valid(&runtime.thread_messages("t").await);
+        assert!(!runtime.is_thread_active("t"));
+    }
+}

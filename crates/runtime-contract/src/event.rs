@@ -36,6 +36,20 @@ pub enum AgentEvent {
         /// The round number, from 1.
         step: u32,
     },
+    /// A failed inference is tried again: the round (counted in `step`
+    /// like any other) repeats the last one instead of starting a new one,
+    /// so a printer need not call it a new round. Sent instead of
+    /// `StepStarted` for the retry.
+    RetryStarted {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The round number, from 1 (failed attempts count).
+        step: u32,
+        /// Which attempt at this inference this is (2 for the first retry).
+        attempt: u32,
+    },
     /// A piece of the model's answer arrived.
     TextDelta {
         /// The run.
@@ -97,8 +111,12 @@ pub enum AgentEvent {
     },
     /// Auto mode's progress: after every round, and when it stops
     /// (`auto-run stop condition: <stop_reason>`).
+    ///
+    /// Progress belongs to the auto-mode session, not to a run: `run_id` is
+    /// the session's id (`auto-<n>`), never a run's, so a run's last event is
+    /// still its `RunFinished`. `round_run_id` names the round's run.
     Progress {
-        /// The round's run.
+        /// The auto-mode session's id (`auto-<n>`).
         run_id: String,
         /// Its thread.
         thread_id: String,
@@ -109,6 +127,10 @@ pub enum AgentEvent {
         /// The policy's token budget, when it has one (for a progress bar).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max_tokens: Option<u64>,
+        /// The run of the round this progress reports on (none when the
+        /// session stopped before a round ran).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        round_run_id: Option<String>,
     },
     /// The run ended. Always the last event of a run, exactly once.
     RunFinished {
@@ -139,6 +161,7 @@ impl AgentEvent {
         match self {
             Self::RunStarted { run_id, .. }
             | Self::StepStarted { run_id, .. }
+            | Self::RetryStarted { run_id, .. }
             | Self::TextDelta { run_id, .. }
             | Self::ToolCallStarted { run_id, .. }
             | Self::ToolCallFinished { run_id, .. }
@@ -154,6 +177,7 @@ impl AgentEvent {
         match self {
             Self::RunStarted { thread_id, .. }
             | Self::StepStarted { thread_id, .. }
+            | Self::RetryStarted { thread_id, .. }
             | Self::TextDelta { thread_id, .. }
             | Self::ToolCallStarted { thread_id, .. }
             | Self::ToolCallFinished { thread_id, .. }

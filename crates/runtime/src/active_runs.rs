@@ -15,6 +15,7 @@
 //! latch: `cancel()` is idempotent and `cancelled().await` cannot miss a
 //! `cancel()` that races with it, so no wake-up is lost.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -38,6 +39,9 @@ pub(crate) struct RunControl {
     pub(crate) token: CancellationToken,
     cause: OnceLock<CancelCause>,
     released: CancellationToken,
+    /// Set when the run's `RunFinished` is emitted, so that no path can
+    /// emit a second one.
+    finished: AtomicBool,
 }
 
 impl RunControl {
@@ -48,7 +52,13 @@ impl RunControl {
             token,
             cause: OnceLock::new(),
             released: CancellationToken::new(),
+            finished: AtomicBool::new(false),
         }
+    }
+
+    /// Claims the run's one `RunFinished`: `true` the first time only.
+    pub(crate) fn claim_finished(&self) -> bool {
+        !self.finished.swap(true, Ordering::AcqRel)
     }
 
     /// Cancels the run; the first cause recorded is the one reported.

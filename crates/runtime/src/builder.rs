@@ -1,6 +1,7 @@
 //! Assembling a runtime: agents, models, providers, tools and plugins,
 //! checked once at [`AgentRuntimeBuilder::build`].
 
+use std::any::{Any, TypeId};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use rein_runtime_contract::tool::Tool;
 
 use crate::agent::Agent;
 use crate::agent_loop::RetryBackoff;
-use crate::auto::{AutoGuardrail, DEFAULT_AUTO_ROUND_CEILING};
+use crate::extensions::RunObserver;
 use crate::plugin::{Plugin, PluginRegistrar};
 use crate::runtime::{AgentRuntime, RuntimeConfig};
 use crate::thread_store::{InMemoryThreadStore, ThreadStore};
@@ -205,8 +206,8 @@ impl AgentRuntimeBuilder {
                 default_sink: Arc::new(NullSink),
                 cancel_wait: DEFAULT_CANCEL_WAIT_TIMEOUT,
                 backoff: RetryBackoff::default(),
-                auto_ceiling: DEFAULT_AUTO_ROUND_CEILING,
-                auto_guardrail: None,
+                observers: Vec::new(),
+                extensions: HashMap::new(),
             },
         }
     }
@@ -269,17 +270,43 @@ impl AgentRuntimeBuilder {
         self
     }
 
-    /// Sets auto mode's hard ceiling on rounds per `auto_run` (default 20).
-    /// No policy field changes it.
-    pub fn with_auto_round_ceiling(mut self, rounds: u32) -> Self {
-        self.config.auto_ceiling = rounds;
+    /// Adds an observer of every run's end and of thread cancellations
+    /// and deletions (see [`RunObserver`]).
+    pub fn with_run_observer(mut self, observer: Arc<dyn RunObserver>) -> Self {
+        self.config.observers.push(observer);
         self
     }
 
-    /// Adds auto mode's guardrail, checked after every round.
-    pub fn with_auto_guardrail(mut self, guardrail: Arc<dyn AutoGuardrail>) -> Self {
-        self.config.auto_guardrail = Some(guardrail);
+    /// Sets the runtime's extension value of type `T` (one per type; a
+    /// later call replaces an earlier one). Layers keep their settings
+    /// here; read it back with [`AgentRuntime::extension`].
+    pub fn with_extension<T: Any + Send + Sync>(mut self, value: T) -> Self {
+        self.config
+            .extensions
+            .insert(TypeId::of::<T>(), Box::new(value));
         self
+    }
+
+    /// The extension value of type `T`, inserted as `T::default()` if
+    /// there is none yet — for layers whose builder methods each set one
+    /// field of their settings.
+    ///
+    /// # Panics
+    ///
+    /// Never: the slot is checked to hold a `T` first.
+    pub fn extension_mut<T: Any + Send + Sync + Default>(&mut self) -> &mut T {
+        let slot = self
+            .config
+            .extensions
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Box::new(T::default()));
+        if !slot.is::<T>() {
+            *slot = Box::new(T::default());
+        }
+        // The slot holds a `T`: it was just checked (or replaced) above.
+        #[allow(clippy::expect_used)]
+        slot.downcast_mut::<T>()
+            .expect("the slot was just checked to hold this type")
     }
 
     /// Checks everything and assembles the runtime.

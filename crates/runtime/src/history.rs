@@ -5,7 +5,7 @@
 //! that did not run (stopped, cancelled, interrupted) are answered by a
 //! result that says so. [`repair`] is the one place that writes such results.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use rein_runtime_contract::message::{Message, Role};
 
@@ -18,6 +18,9 @@ pub(crate) fn repair(messages: &mut Vec<Message>, from: usize, note: &str) -> us
     // Each assistant message with calls is answered by the tool messages
     // right after it (its block); ids are matched within the block, so an
     // id a provider reuses in a later round is not mistaken for answered.
+    // Within a block, calls and results pair by position among equal ids:
+    // the k-th result with id X answers the k-th call with id X, so two
+    // calls sharing an id need two results.
     let mut missing: Vec<(usize, String)> = Vec::new();
     let mut i = from.min(messages.len());
     while i < messages.len() {
@@ -26,13 +29,17 @@ pub(crate) fn repair(messages: &mut Vec<Message>, from: usize, note: &str) -> us
             while end < messages.len() && messages[end].role == Role::Tool {
                 end += 1;
             }
-            let answered: HashSet<&str> = messages[i + 1..end]
+            let mut answered: HashMap<&str, usize> = HashMap::new();
+            for id in messages[i + 1..end]
                 .iter()
                 .filter_map(|m| m.tool_call_id.as_deref())
-                .collect();
+            {
+                *answered.entry(id).or_default() += 1;
+            }
             for call in &messages[i].tool_calls {
-                if !answered.contains(call.id.as_str()) {
-                    missing.push((end, call.id.clone()));
+                match answered.get_mut(call.id.as_str()) {
+                    Some(n) if *n > 0 => *n -= 1,
+                    _ => missing.push((end, call.id.clone())),
                 }
             }
             i = end;
@@ -47,6 +54,78 @@ pub(crate) fn repair(messages: &mut Vec<Message>, from: usize, note: &str) -> us
         messages.insert(at, Message::tool(id, note));
     }
     added
+}
+
+/// Why a run's input would make the history invalid: a tool result that
+/// answers no call of the input, or a second result for one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct InvalidInput {
+    /// The offending message's position in the input, from 0.
+    pub(crate) index: usize,
+    /// What is wrong with it.
+    pub(crate) reason: String,
+}
+
+/// Checks that every tool message of a run's `input` answers a call, made
+/// by an assistant message of the input right before it (in the same
+/// block), that has no result yet. Calls left without a result are fine:
+/// the run answers them with "not run" results.
+///
+/// The stored history is valid before the input joins it (a run repairs
+/// it first), so a result can only answer a call of the input itself.
+pub(crate) fn validate_input(input: &[Message]) -> Result<(), InvalidInput> {
+    // The open calls of the current block, by id, with how many remain.
+    let mut open: HashMap<&str, usize> = HashMap::new();
+    let mut in_block = false;
+    for (index, m) in input.iter().enumerate() {
+        match m.role {
+            Role::Tool => {
+                let Some(id) = m.tool_call_id.as_deref() else {
+                    return Err(InvalidInput {
+                        index,
+                        reason: "a tool result without a tool_call_id".into(),
+                    });
+                };
+                if !in_block {
+                    return Err(InvalidInput {
+                        index,
+                        reason: format!(
+                            "a tool result for call \"{id}\" that no assistant message right before it made"
+                        ),
+                    });
+                }
+                match open.get_mut(id) {
+                    Some(n) if *n > 0 => *n -= 1,
+                    Some(_) => {
+                        return Err(InvalidInput {
+                            index,
+                            reason: format!("a second tool result for call \"{id}\""),
+                        });
+                    }
+                    None => {
+                        return Err(InvalidInput {
+                            index,
+                            reason: format!(
+                                "a tool result for call \"{id}\", which the assistant message before it did not make"
+                            ),
+                        });
+                    }
+                }
+            }
+            Role::Assistant => {
+                open.clear();
+                for call in &m.tool_calls {
+                    *open.entry(call.id.as_str()).or_default() += 1;
+                }
+                in_block = !m.tool_calls.is_empty();
+            }
+            Role::User | Role::System => {
+                open.clear();
+                in_block = false;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether every tool call in `messages` has exactly one result.
@@ -143,6 +222,44 @@ mod tests {
         assert_eq!(repair(&mut h, 0, "not run"), 1);
         assert!(is_valid(&h));
         assert_eq!(h[3].content, "not run");
+    }
+
+    #[test]
+    fn two_calls_sharing_an_id_need_two_results() {
+        let mut h = vec![
+            Message::assistant_with_tools("", vec![call("a"), call("a")]),
+            Message::tool("a", "ok"),
+        ];
+        assert_eq!(repair(&mut h, 0, "not run"), 1);
+        assert_eq!(h.len(), 3);
+        assert_eq!(h[2].content, "not run");
+    }
+
+    #[test]
+    fn input_results_must_answer_an_open_call_of_the_input() {
+        let ok = [
+            Message::user("go"),
+            Message::assistant_with_tools("", vec![call("a"), call("a")]),
+            Message::tool("a", "1"),
+            Message::tool("a", "2"),
+        ];
+        assert_eq!(validate_input(&ok), Ok(()));
+        let orphan = [Message::user("go"), Message::tool("x", "orphan")];
+        assert_eq!(validate_input(&orphan).unwrap_err().index, 1);
+        let second = [
+            Message::assistant_with_tools("", vec![call("a")]),
+            Message::tool("a", "1"),
+            Message::tool("a", "2"),
+        ];
+        let e = validate_input(&second).unwrap_err();
+        assert_eq!(e.index, 2);
+        assert!(e.reason.contains("second"), "{}", e.reason);
+        let after_user = [
+            Message::assistant_with_tools("", vec![call("a")]),
+            Message::user("wait"),
+            Message::tool("a", "late"),
+        ];
+        assert_eq!(validate_input(&after_user).unwrap_err().index, 2);
     }
 
     #[test]

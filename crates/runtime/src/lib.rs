@@ -28,6 +28,7 @@ mod agent_loop;
 pub mod auto;
 mod builder;
 pub mod detectors;
+mod extensions;
 mod history;
 mod mailbox;
 pub mod phase;
@@ -40,6 +41,7 @@ mod state;
 pub mod thread_store;
 
 pub use builder::{AgentRuntimeBuilder, BuildError, DEFAULT_CANCEL_WAIT_TIMEOUT};
+pub use extensions::RunObserver;
 pub use mailbox::{Mailbox, RunHandle};
 pub use run::{AgentRunResult, RunRequest};
 pub use runtime::{AgentRuntime, RuntimeError};

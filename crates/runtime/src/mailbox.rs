@@ -1,9 +1,17 @@
 //! The mailbox: submit input to a thread, interrupting its active run.
 //!
 //! Submissions to one thread are serialized by a per-thread async lock. A
-//! submission cancels the thread's active run (cause `Interrupted`), waits
-//! for it to release the thread — by then its history is repaired and
-//! stored — and starts a new run with the full history plus the new input.
+//! submission is first checked in full — the runtime is up, the agent
+//! exists, the input keeps the history valid, the conversation is not
+//! empty — and only a submission that will start may interrupt: it cancels
+//! the thread's active run (cause `Interrupted`), waits for it to release
+//! the thread — by then its history is repaired and stored — and starts a
+//! new run with the full history plus the new input.
+//!
+//! **Invariant:** a submission that fails its checks interrupts nothing.
+//!
+//! **Invariant:** the per-thread lock's map entry is removed once no
+//! submission holds or awaits it, also when a `submit` future is dropped.
 //!
 //! **Invariant 4:** a submitted message is appended to the history exactly
 //! once, by the run it starts, before that run's first inference; a
@@ -43,8 +51,10 @@ impl Mailbox {
     /// # Errors
     ///
     /// [`RuntimeError::PreviousRunStuck`] when the active run does not release
-    /// the thread within the cancel-wait bound (nothing is appended); an
-    /// unknown or missing agent id; [`RuntimeError::ShutDown`].
+    /// the thread within the cancel-wait bound (nothing is appended). These
+    /// are found before anything is interrupted: an unknown or missing agent
+    /// id, [`RuntimeError::ShutDown`], [`RuntimeError::InvalidInput`],
+    /// [`RuntimeError::EmptyConversation`].
     ///
     /// # Cancel safety
     ///
@@ -52,27 +62,19 @@ impl Mailbox {
     /// is appended (an active run it already interrupted stays cancelled).
     /// The returned handle may be dropped: the run goes on unobserved.
     pub async fn submit(&self, request: RunRequest) -> Result<RunHandle, RuntimeError> {
+        // Checks that need no lock fail fast, before queueing.
+        self.inner.check(&request)?;
         let thread_id = request.thread_id.clone();
-        let lock = self
-            .inner
-            .mailbox_locks
-            .entry(thread_id.clone())
-            .or_default()
-            .clone();
-        let result = {
-            let _serial = lock.lock().await;
-            self.submit_serialized(request).await
-        };
-        drop(lock);
-        // Forget the thread's lock once nobody else holds or waits for it;
-        // anyone who cloned it since holds a second reference.
-        self.inner
-            .mailbox_locks
-            .remove_if(&thread_id, |_, l| Arc::strong_count(l) == 1);
-        result
+        let lock = ThreadLock::new(&self.inner, &thread_id);
+        let _serial = lock.mutex().lock().await;
+        self.submit_serialized(request).await
     }
 
     async fn submit_serialized(&self, mut request: RunRequest) -> Result<RunHandle, RuntimeError> {
+        // Validate everything first: only a submission that will start may
+        // interrupt the active run.
+        self.inner.check(&request)?;
+        self.inner.check_conversation(&request).await?;
         let run_id = self.inner.next_run_id();
         loop {
             if let Some(active) = self.inner.registry.by_thread(&request.thread_id) {
@@ -93,6 +95,45 @@ impl Mailbox {
                 Err(StartError::Other(e)) => return Err(e),
             }
         }
+    }
+}
+
+/// A reference to a thread's submission lock. Dropping it — when `submit`
+/// returns or its future is dropped — removes the lock's map entry once
+/// nobody else holds or awaits it.
+struct ThreadLock<'a> {
+    inner: &'a Inner,
+    thread_id: &'a str,
+    mutex: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl<'a> ThreadLock<'a> {
+    fn new(inner: &'a Inner, thread_id: &'a str) -> Self {
+        let mutex = inner
+            .mailbox_locks
+            .entry(thread_id.to_owned())
+            .or_default()
+            .clone();
+        Self {
+            inner,
+            thread_id,
+            mutex,
+        }
+    }
+
+    fn mutex(&self) -> &tokio::sync::Mutex<()> {
+        &self.mutex
+    }
+}
+
+impl Drop for ThreadLock<'_> {
+    fn drop(&mut self) {
+        // Two references are the map's and this one: nobody else holds or
+        // awaits the lock. The map's shard lock makes the count check and
+        // the removal atomic with respect to `new`.
+        self.inner.mailbox_locks.remove_if(self.thread_id, |_, l| {
+            Arc::ptr_eq(l, &self.mutex) && Arc::strong_count(l) == 2
+        });
     }
 }
 

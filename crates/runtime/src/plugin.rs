@@ -127,6 +127,20 @@ impl PluginRegistrar {
         register_key(&mut self.keys, KeyRegistration::of::<K>(&self.plugin_id))
     }
 
+    /// Exports the state key `K` (registered earlier by one of the agent's
+    /// listed plugins): its value at the end of each run is copied, as JSON,
+    /// into [`AgentRunResult::exports`](crate::AgentRunResult::exports) and
+    /// read back with [`AgentRunResult::exported`](crate::AgentRunResult::exported).
+    /// This is how an extension carries per-run state out of a run.
+    ///
+    /// # Errors
+    ///
+    /// [`StateError::UnknownKey`] when no listed plugin registered `K`
+    /// before this call.
+    pub fn export_key<K: StateKey>(&mut self) -> Result<(), StateError> {
+        crate::state::export_key::<K>(&mut self.keys)
+    }
+
     /// Runs `hook` at `phase`, after the hooks of plugins listed earlier and
     /// after this plugin's earlier registrations for the same phase.
     pub fn register_hook(&mut self, phase: Phase, hook: Arc<dyn PhaseHook>) {

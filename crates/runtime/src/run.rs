@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use rein_runtime_contract::CancellationToken;
 
-use crate::auto::MetricsReport;
 use rein_runtime_contract::event::{CancelCause, EventSink};
 use rein_runtime_contract::inference::ToolChoice;
 use rein_runtime_contract::lifecycle::TerminationReason;
 use rein_runtime_contract::message::{Message, TokenUsage};
+use rein_runtime_contract::state::StateKey;
 
 /// Input for one run: the thread, the new messages, and per-run options.
 #[derive(Clone)]
@@ -109,7 +109,42 @@ pub struct AgentRunResult {
     /// Values emitted through `emit_output` ([`OutputsPlugin`](crate::plugins::OutputsPlugin)),
     /// whatever ended the run; empty otherwise.
     pub outputs: BTreeMap<String, serde_json::Value>,
-    /// Metric reports made through `report_metrics`
-    /// ([`AutomationPlugin`](crate::auto::AutomationPlugin)) during the run.
-    pub reports: Vec<MetricsReport>,
+    /// The final values of the state keys the agent's plugins export
+    /// ([`PluginRegistrar::export_key`](crate::plugin::PluginRegistrar::export_key)),
+    /// as JSON by key name; empty when none are exported. Read one back
+    /// typed with [`exported`](Self::exported).
+    pub exports: BTreeMap<String, serde_json::Value>,
+}
+
+impl AgentRunResult {
+    /// The final value of the exported state key `K`, if the run's agent
+    /// exports it (and it reads back as `K::Value`).
+    pub fn exported<K: StateKey>(&self) -> Option<K::Value> {
+        let json = self.exports.get(K::KEY)?;
+        serde_json::from_value(json.clone()).ok()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+
+    /// A finished run on `thread_id` that used `tokens` input tokens.
+    pub(crate) fn result(thread_id: &str, tokens: u64) -> AgentRunResult {
+        AgentRunResult {
+            run_id: "run-1".into(),
+            thread_id: thread_id.into(),
+            termination: TerminationReason::NaturalEnd,
+            response: String::new(),
+            steps: 1,
+            usage: TokenUsage {
+                input_tokens: tokens,
+                output_tokens: 0,
+            },
+            usage_complete: true,
+            cancel_cause: None,
+            outputs: BTreeMap::new(),
+            exports: BTreeMap::new(),
+        }
+    }
 }

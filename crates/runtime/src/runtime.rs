@@ -3,6 +3,7 @@
 //! Runs execute on spawned tokio tasks, so every method that starts a run
 //! must be called from within a tokio runtime.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -19,8 +20,8 @@ use tracing::Instrument;
 use crate::active_runs::{ActiveRunRegistry, CURRENT_RUN, RunControl};
 use crate::agent::Agent;
 use crate::agent_loop::{RetryBackoff, RunSetup, execute};
-use crate::auto::AutoGuardrail;
-use crate::auto::session::Sessions;
+use crate::extensions::{Extensions, Observers, RunObserver};
+use crate::history::validate_input;
 use crate::mailbox::{Mailbox, RunHandle};
 use crate::phase::panic_message;
 use crate::run::{AgentRunResult, RunRequest};
@@ -69,6 +70,37 @@ pub enum RuntimeError {
     /// The runtime was shut down.
     #[error("the runtime has been shut down; no new runs start")]
     ShutDown,
+    /// The request's messages would make the thread's history invalid (a
+    /// tool result that answers no call, or a second result for one call).
+    /// Nothing was stored and no run was interrupted.
+    #[error(
+        "invalid input for thread \"{thread_id}\": message #{index}: {reason}; a tool result must directly follow the assistant message whose call it answers, once per call"
+    )]
+    InvalidInput {
+        /// The thread.
+        thread_id: String,
+        /// The offending message's position in the request, from 0.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The request has no messages and the thread has no history: there is
+    /// nothing to send to the model.
+    #[error(
+        "thread \"{thread_id}\" has no history and the request has no messages; send at least one message"
+    )]
+    EmptyConversation {
+        /// The thread.
+        thread_id: String,
+    },
+    /// The thread store failed.
+    #[error("the thread store failed for thread \"{thread_id}\": {message}")]
+    Store {
+        /// The thread.
+        thread_id: String,
+        /// What the store said.
+        message: String,
+    },
     /// The run's task failed outside the loop's own error handling.
     #[error("the task of run \"{run_id}\" failed: {message}")]
     RunTaskFailed {
@@ -85,19 +117,29 @@ pub(crate) struct RuntimeConfig {
     pub(crate) default_sink: Arc<dyn EventSink>,
     pub(crate) cancel_wait: Duration,
     pub(crate) backoff: RetryBackoff,
-    pub(crate) auto_ceiling: u32,
-    pub(crate) auto_guardrail: Option<Arc<dyn AutoGuardrail>>,
+    pub(crate) observers: Vec<Arc<dyn RunObserver>>,
+    pub(crate) extensions: HashMap<std::any::TypeId, Box<dyn Any + Send + Sync>>,
+}
+
+/// The settings runs read (everything of [`RuntimeConfig`] but what moves
+/// into [`Inner`]'s own fields).
+pub(crate) struct RunConfig {
+    pub(crate) store: Arc<dyn ThreadStore>,
+    pub(crate) default_sink: Arc<dyn EventSink>,
+    pub(crate) cancel_wait: Duration,
+    pub(crate) backoff: RetryBackoff,
 }
 
 pub(crate) struct Inner {
     agents: HashMap<String, Arc<Agent>>,
     pub(crate) registry: Arc<ActiveRunRegistry>,
-    pub(crate) config: RuntimeConfig,
+    pub(crate) config: RunConfig,
     root: CancellationToken,
     shut_down: AtomicBool,
     next_run: AtomicU64,
     pub(crate) mailbox_locks: dashmap::DashMap<String, Arc<tokio::sync::Mutex<()>>>,
-    sessions: Arc<Sessions>,
+    observers: Arc<Observers>,
+    extensions: Extensions,
 }
 
 /// Why `Inner::start` did not start a run.
@@ -150,6 +192,49 @@ impl Inner {
         }
     }
 
+    /// Everything that can be checked about a request without the store:
+    /// the runtime is up, the agent exists, the input keeps the history
+    /// valid. Returns the agent.
+    pub(crate) fn check(&self, request: &RunRequest) -> Result<Arc<Agent>, RuntimeError> {
+        if self.shut_down.load(Ordering::SeqCst) {
+            return Err(RuntimeError::ShutDown);
+        }
+        let agent = self.agent_for(request)?;
+        validate_input(&request.messages).map_err(|e| RuntimeError::InvalidInput {
+            thread_id: request.thread_id.clone(),
+            index: e.index,
+            reason: e.reason,
+        })?;
+        Ok(agent)
+    }
+
+    /// Rejects a request with no messages for a thread with no history.
+    /// A thread with an active run is not empty (that run's input is, or is
+    /// about to be, its history).
+    pub(crate) async fn check_conversation(
+        &self,
+        request: &RunRequest,
+    ) -> Result<(), RuntimeError> {
+        if !request.messages.is_empty() || self.registry.is_active(&request.thread_id) {
+            return Ok(());
+        }
+        let history = self
+            .config
+            .store
+            .load(&request.thread_id)
+            .await
+            .map_err(|e| RuntimeError::Store {
+                thread_id: request.thread_id.clone(),
+                message: e.message,
+            })?;
+        if history.is_empty() {
+            return Err(RuntimeError::EmptyConversation {
+                thread_id: request.thread_id.clone(),
+            });
+        }
+        Ok(())
+    }
+
     /// Takes the thread's slot and spawns the run. Returns once the run has
     /// started (holds its slot); the run proceeds on its own task.
     pub(crate) fn start(
@@ -158,10 +243,7 @@ impl Inner {
         sink: Option<Arc<dyn EventSink>>,
         run_id: Option<Arc<str>>,
     ) -> Result<RunHandle, StartError> {
-        if self.shut_down.load(Ordering::SeqCst) {
-            return Err(StartError::Other(RuntimeError::ShutDown));
-        }
-        let agent = self.agent_for(&request).map_err(StartError::Other)?;
+        let agent = self.check(&request).map_err(StartError::Other)?;
         let run_id = run_id.unwrap_or_else(|| self.next_run_id());
         let token = match &request.cancellation {
             Some(parent) => parent.child_token(),
@@ -202,7 +284,8 @@ impl Inner {
         };
         let span = tracing::info_span!("run", run_id = %run_id, thread_id = %thread_id);
         let task_run_id = run_id.clone();
-        let sessions = self.sessions.clone();
+        let task_control = control.clone();
+        let observers = self.observers.clone();
         let task = tokio::spawn(
             async move {
                 // The slot lives exactly as long as this task's future.
@@ -214,11 +297,15 @@ impl Inner {
                 let result = match outcome {
                     Ok(result) => result,
                     Err(payload) => {
-                        internal_failure(&task_run_id, &thread_id, &*sink, payload.as_ref())
+                        internal_failure(&task_control, &thread_id, &*sink, payload.as_ref())
                     }
                 };
-                // Before the slot is released, so the thread's next run sees it.
-                sessions.record(&result);
+                // Before the slot is released, so the thread's next run
+                // starts after the observers saw this one end.
+                let seen = AssertUnwindSafe(|| observers.run_finished(&result));
+                if std::panic::catch_unwind(seen).is_err() {
+                    tracing::error!("a run observer panicked; the run's result stands");
+                }
                 result
             }
             .instrument(span),
@@ -228,28 +315,39 @@ impl Inner {
 }
 
 /// Reports a run whose loop itself panicked (a bug in Rein): the run still
-/// gets its one `RunFinished`.
+/// gets its one `RunFinished` — unless it already had it.
 fn internal_failure(
-    run_id: &str,
+    control: &RunControl,
     thread_id: &str,
     sink: &dyn EventSink,
     payload: &(dyn std::any::Any + Send),
 ) -> AgentRunResult {
+    let run_id = &*control.run_id;
     let termination = TerminationReason::Error(format!(
         "internal error: the run loop panicked: {}",
         panic_message(payload)
     ));
     tracing::error!(%termination, "run loop panicked");
-    sink.emit(AgentEvent::RunFinished {
-        run_id: run_id.to_owned(),
-        thread_id: thread_id.to_owned(),
-        termination: termination.clone(),
-        response: String::new(),
-        cancel_cause: None,
-        steps: 0,
-        usage: TokenUsage::default(),
-        outputs: Default::default(),
-    });
+    if !control.claim_finished() {
+        return failed_result(run_id, thread_id, termination);
+    }
+    crate::agent_loop::emit_guarded(
+        sink,
+        AgentEvent::RunFinished {
+            run_id: run_id.to_owned(),
+            thread_id: thread_id.to_owned(),
+            termination: termination.clone(),
+            response: String::new(),
+            cancel_cause: None,
+            steps: 0,
+            usage: TokenUsage::default(),
+            outputs: Default::default(),
+        },
+    );
+    failed_result(run_id, thread_id, termination)
+}
+
+fn failed_result(run_id: &str, thread_id: &str, termination: TerminationReason) -> AgentRunResult {
     AgentRunResult {
         run_id: run_id.to_owned(),
         thread_id: thread_id.to_owned(),
@@ -260,7 +358,7 @@ fn internal_failure(
         usage_complete: false,
         cancel_cause: None,
         outputs: Default::default(),
-        reports: Vec::new(),
+        exports: Default::default(),
     }
 }
 
@@ -295,16 +393,30 @@ impl std::fmt::Debug for AgentRuntime {
 
 impl AgentRuntime {
     pub(crate) fn new(agents: HashMap<String, Arc<Agent>>, config: RuntimeConfig) -> Self {
+        let RuntimeConfig {
+            store,
+            default_sink,
+            cancel_wait,
+            backoff,
+            observers,
+            extensions,
+        } = config;
         Self {
             inner: Arc::new(Inner {
                 agents,
                 registry: Arc::default(),
-                config,
+                config: RunConfig {
+                    store,
+                    default_sink,
+                    cancel_wait,
+                    backoff,
+                },
                 root: CancellationToken::new(),
                 shut_down: AtomicBool::new(false),
                 next_run: AtomicU64::new(1),
                 mailbox_locks: dashmap::DashMap::new(),
-                sessions: Arc::default(),
+                observers: Arc::new(Observers::new(observers)),
+                extensions: Extensions::from_builder(extensions),
             }),
         }
     }
@@ -315,8 +427,10 @@ impl AgentRuntime {
     /// # Errors
     ///
     /// `Err` only when no run started — [`RuntimeError::ThreadAlreadyRunning`],
-    /// an unknown or missing agent id, [`RuntimeError::ShutDown`] — or the
-    /// run's task failed. Every run that started returns `Ok`, whatever its
+    /// an unknown or missing agent id, [`RuntimeError::ShutDown`], input
+    /// that would make the history invalid ([`RuntimeError::InvalidInput`]),
+    /// no messages for a thread with no history
+    /// ([`RuntimeError::EmptyConversation`]) — or the run's task failed. Every run that started returns `Ok`, whatever its
     /// termination.
     ///
     /// # Cancel safety
@@ -329,6 +443,7 @@ impl AgentRuntime {
         request: RunRequest,
         sink: Arc<dyn EventSink>,
     ) -> Result<AgentRunResult, RuntimeError> {
+        self.inner.check_conversation(&request).await?;
         let handle = match self.inner.start(request, Some(sink), None) {
             Ok(handle) => handle,
             Err(StartError::Busy(request)) => {
@@ -382,15 +497,18 @@ impl AgentRuntime {
         self.inner.registry.is_active(thread_id)
     }
 
-    /// Cancels the thread's active run (cause `Requested`); `true` if there
-    /// was one. Does not wait; see [`cancel_and_wait_by_thread`](Self::cancel_and_wait_by_thread).
+    /// Cancels the thread's active run (cause `Requested`), and whatever
+    /// a layer runs on the thread (an auto-mode session stops: no further
+    /// round starts); `true` if there was either. Does not wait; see
+    /// [`cancel_and_wait_by_thread`](Self::cancel_and_wait_by_thread).
     pub fn cancel_by_thread(&self, thread_id: &str) -> bool {
+        let layers = self.inner.observers.thread_cancelled(thread_id);
         match self.inner.registry.by_thread(thread_id) {
             Some(control) => {
                 control.cancel(CancelCause::Requested);
                 true
             }
-            None => false,
+            None => layers,
         }
     }
 
@@ -422,6 +540,9 @@ impl AgentRuntime {
     /// The cancellation happens before the first await; dropping the future
     /// only stops the waiting.
     pub async fn cancel_and_wait_by_thread(&self, thread_id: &str) -> bool {
+        // A layer's work on the thread (an auto-mode session) stops first,
+        // so that no new run takes the thread while this one is awaited.
+        self.inner.observers.thread_cancelled(thread_id);
         let Some(control) = self.inner.registry.by_thread(thread_id) else {
             return false;
         };
@@ -429,15 +550,89 @@ impl AgentRuntime {
         control.wait_released(self.inner.config.cancel_wait).await
     }
 
-    pub(crate) fn sessions(&self) -> &Sessions {
-        &self.inner.sessions
+    /// Deletes the thread: cancels its active run and waits for it (as
+    /// [`cancel_and_wait_by_thread`](Self::cancel_and_wait_by_thread)),
+    /// holds the thread so no run starts meanwhile, drops its stored history
+    /// ([`ThreadStore::delete`]) and tells the observers, so layers drop
+    /// what they keep for it (auto mode: the thread's session).
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::PreviousRunStuck`] when the active run does not
+    /// release the thread within the cancel-wait bound (nothing is
+    /// deleted); [`RuntimeError::Store`] when the store fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while waiting for the run, nothing is deleted (the run stays
+    /// cancelled); dropped during the store's delete, the history may or may
+    /// not be gone and the observers are not told.
+    pub async fn delete_thread(&self, thread_id: &str) -> Result<(), RuntimeError> {
+        self.inner.observers.thread_cancelled(thread_id);
+        let holder = Arc::new(RunControl::new(
+            Arc::from(self.next_id("delete")),
+            thread_id.to_owned(),
+            CancellationToken::new(),
+        ));
+        // Take the thread's slot: runs that try to start meanwhile fail
+        // with `ThreadAlreadyRunning`, and a mailbox waits for the slot.
+        let _slot = loop {
+            if let Some(active) = self.inner.registry.by_thread(thread_id) {
+                active.cancel(CancelCause::Requested);
+                if !active.wait_released(self.inner.config.cancel_wait).await {
+                    return Err(RuntimeError::PreviousRunStuck {
+                        thread_id: thread_id.to_owned(),
+                        run_id: active.run_id.to_string(),
+                    });
+                }
+            }
+            if let Ok(slot) = self.inner.registry.acquire(holder.clone()) {
+                break slot;
+            }
+        };
+        self.inner
+            .config
+            .store
+            .delete(thread_id)
+            .await
+            .map_err(|e| RuntimeError::Store {
+                thread_id: thread_id.to_owned(),
+                message: e.message,
+            })?;
+        self.inner.observers.thread_deleted(thread_id);
+        Ok(())
     }
 
-    pub(crate) fn auto_settings(&self) -> (u32, Option<Arc<dyn AutoGuardrail>>) {
-        (
-            self.inner.config.auto_ceiling,
-            self.inner.config.auto_guardrail.clone(),
-        )
+    /// Adds an observer of every later run's end and of thread
+    /// cancellations and deletions (see [`RunObserver`]). Observers can
+    /// also be set on the builder.
+    pub fn add_run_observer(&self, observer: Arc<dyn RunObserver>) {
+        self.inner.observers.add(observer);
+    }
+
+    /// The runtime's extension value of type `T`, if there is one (set on
+    /// the builder with
+    /// [`with_extension`](crate::AgentRuntimeBuilder::with_extension), or
+    /// created by [`extension_or_insert_with`](Self::extension_or_insert_with)).
+    pub fn extension<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.inner.extensions.get::<T>()
+    }
+
+    /// The runtime's extension value of type `T`, created by `init` the
+    /// first time (exactly once, even when called concurrently). `init`
+    /// must not call back into this runtime's extensions.
+    pub fn extension_or_insert_with<T: Any + Send + Sync>(
+        &self,
+        init: impl FnOnce() -> T,
+    ) -> Arc<T> {
+        self.inner.extensions.get_or_insert_with(init)
+    }
+
+    /// A fresh id from the runtime's run-id counter, with `prefix` instead
+    /// of `run` (e.g. `auto-7`): unique among the runtime's ids.
+    pub fn next_id(&self, prefix: &str) -> String {
+        let n = self.inner.next_run.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{n}")
     }
 
     /// A mailbox for submitting input to threads, interrupting their active runs.

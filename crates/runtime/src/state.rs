@@ -4,7 +4,7 @@
 //! registering it twice fails with [`StateError::KeyAlreadyRegistered`].
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use rein_runtime_contract::state::{StateError, StateKey};
 
@@ -16,6 +16,8 @@ pub(crate) struct KeyRegistration {
     pub(crate) key: &'static str,
     pub(crate) owner: String,
     init: fn() -> Slot,
+    /// Set for exported keys: renders the run's final value as JSON.
+    pub(crate) export: Option<fn(&Slot) -> Option<serde_json::Value>>,
 }
 
 impl std::fmt::Debug for KeyRegistration {
@@ -31,13 +33,39 @@ fn init_default<K: StateKey>() -> Slot {
     Box::new(K::Value::default())
 }
 
+fn export_json<K: StateKey>(slot: &Slot) -> Option<serde_json::Value> {
+    let value = slot.downcast_ref::<K::Value>()?;
+    match serde_json::to_value(value) {
+        Ok(json) => Some(json),
+        Err(error) => {
+            tracing::warn!(key = K::KEY, %error, "an exported state value could not be rendered as JSON");
+            None
+        }
+    }
+}
+
 impl KeyRegistration {
     pub(crate) fn of<K: StateKey>(owner: &str) -> Self {
         Self {
             key: K::KEY,
             owner: owner.to_owned(),
             init: init_default::<K>,
+            export: None,
         }
+    }
+}
+
+/// Marks the registered key `K` as exported: its final value is copied into
+/// the run's result. Fails when no listed plugin registered `K`.
+pub(crate) fn export_key<K: StateKey>(keys: &mut [KeyRegistration]) -> Result<(), StateError> {
+    match keys.iter_mut().find(|k| k.key == K::KEY) {
+        Some(reg) => {
+            reg.export = Some(export_json::<K>);
+            Ok(())
+        }
+        None => Err(StateError::UnknownKey {
+            key: K::KEY.to_owned(),
+        }),
     }
 }
 
@@ -78,6 +106,17 @@ impl RunState {
     /// Makes sure `K` has a slot (used for the runtime's own keys).
     pub(crate) fn ensure<K: StateKey>(&mut self) {
         self.slots.entry(K::KEY).or_insert_with(init_default::<K>);
+    }
+
+    /// The final values of the exported keys, as JSON by key name.
+    pub(crate) fn exports(&self, keys: &[KeyRegistration]) -> BTreeMap<String, serde_json::Value> {
+        keys.iter()
+            .filter_map(|k| {
+                let export = k.export?;
+                let value = export(self.slots.get(k.key)?)?;
+                Some((k.key.to_owned(), value))
+            })
+            .collect()
     }
 
     pub(crate) fn get<K: StateKey>(&self) -> Result<&K::Value, StateError> {

@@ -59,6 +59,17 @@ pub trait ThreadStore: Send + Sync {
     ///
     /// A [`ThreadStoreError`] when nothing could be written.
     async fn replace(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError>;
+
+    /// Forgets the thread: its history is gone and it loads as empty. The
+    /// default replaces the history with an empty one; stores that keep an
+    /// entry per thread should remove it.
+    ///
+    /// # Errors
+    ///
+    /// A [`ThreadStoreError`] when the history could not be removed.
+    async fn delete(&self, thread_id: &str) -> Result<(), ThreadStoreError> {
+        self.replace(thread_id, &[]).await
+    }
 }
 
 /// A [`ThreadStore`] in process memory; histories are lost when it is dropped.
@@ -102,6 +113,11 @@ impl ThreadStore for InMemoryThreadStore {
 
     async fn replace(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError> {
         self.threads.insert(thread_id.to_owned(), messages.to_vec());
+        Ok(())
+    }
+
+    async fn delete(&self, thread_id: &str) -> Result<(), ThreadStoreError> {
+        self.threads.remove(thread_id);
         Ok(())
     }
 }

@@ -9,7 +9,7 @@ use super::*;
 pub(super) struct MaxRounds {
     #[serde(rename = "type")]
     _type: de::IgnoredAny,
-    pub(super) rounds: usize,
+    pub(super) rounds: Rounds,
 }
 
 #[derive(Deserialize)]
@@ -33,7 +33,7 @@ pub(super) struct TokenBudget {
 pub(super) struct ConsecutiveErrors {
     #[serde(rename = "type")]
     _type: de::IgnoredAny,
-    pub(super) max: usize,
+    pub(super) max: ErrorCount,
 }
 
 #[derive(Deserialize)]
@@ -91,12 +91,14 @@ pub(super) struct ContentChanting {
 pub(super) struct Stuck {
     #[serde(rename = "type")]
     _type: de::IgnoredAny,
-    #[serde(default = "default_duplicates")]
-    pub(super) duplicates: usize,
+    #[serde(default = "Duplicates::default_duplicates")]
+    pub(super) duplicates: Duplicates,
 }
 
-fn default_duplicates() -> usize {
-    2
+impl Duplicates {
+    fn default_duplicates() -> Self {
+        Self(2)
+    }
 }
 
 impl Threshold {
@@ -213,8 +215,29 @@ checked_uint!(
     Threshold,
     usize,
     "a repetition count",
-    |v| v != 1,
-    "threshold must be 0 (disabled) or at least 2"
+    |v| v == 0 || (2..=MAX_THRESHOLD as u64).contains(&v),
+    "threshold must be 0 (disabled) or 2 to 1000"
+);
+checked_uint!(
+    Rounds,
+    usize,
+    "a number of rounds",
+    |v| v <= MAX_ROUNDS as u64,
+    "rounds must be at most 1000000; 0 disables (unbounded)"
+);
+checked_uint!(
+    ErrorCount,
+    usize,
+    "a number of errors",
+    |v| v <= MAX_CONSECUTIVE_ERRORS as u64,
+    "max must be at most 1000000; 0 disables"
+);
+checked_uint!(
+    Duplicates,
+    usize,
+    "a number of earlier duplicates",
+    |v| v <= MAX_STUCK_DUPLICATES as u64,
+    "duplicates must be at most 63 (a run remembers its last 64 answers); 0 disables"
 );
 checked_uint!(
     Cycle,

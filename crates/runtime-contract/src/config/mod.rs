@@ -67,6 +67,17 @@ pub const MAX_CYCLE: usize = 16;
 pub const MIN_CHUNK_CHARS: usize = 8;
 /// The largest accepted `content_chanting.chunk_chars`.
 pub const MAX_CHUNK_CHARS: usize = 1000;
+/// The largest accepted `threshold` of `tool_call_loop` and
+/// `content_chanting`.
+pub const MAX_THRESHOLD: usize = 1000;
+/// The largest accepted round limit (`max_rounds` of an agent and of the
+/// `max_rounds` stop condition).
+pub const MAX_ROUNDS: usize = 1_000_000;
+/// The largest accepted `consecutive_errors.max`.
+pub const MAX_CONSECUTIVE_ERRORS: usize = 1_000_000;
+/// The largest accepted `stuck.duplicates`: a run remembers its last 64
+/// answers, so at most 63 earlier ones can repeat the newest.
+pub const MAX_STUCK_DUPLICATES: usize = 63;
 
 /// A configuration document that could not be loaded: what is wrong, and
 /// where (file, 1-based line and column) when known.
@@ -407,7 +418,7 @@ impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
         Ok(match self.kind {
             Some("max_rounds") => {
                 let i = items::MaxRounds::deserialize(d)?;
-                StopConditionSpec::MaxRounds { rounds: i.rounds }
+                StopConditionSpec::MaxRounds { rounds: i.rounds.0 }
             }
             Some("timeout") => {
                 let i = items::Timeout::deserialize(d)?;
@@ -423,7 +434,7 @@ impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
             }
             Some("consecutive_errors") => {
                 let i = items::ConsecutiveErrors::deserialize(d)?;
-                StopConditionSpec::ConsecutiveErrors { max: i.max }
+                StopConditionSpec::ConsecutiveErrors { max: i.max.0 }
             }
             Some("stop_on_tool") => {
                 let i = items::StopOnTool::deserialize(d)?;
@@ -460,7 +471,7 @@ impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
             Some("stuck") => {
                 let i = items::Stuck::deserialize(d)?;
                 StopConditionSpec::Stuck {
-                    duplicates: i.duplicates,
+                    duplicates: i.duplicates.0,
                 }
             }
             // Unknown or missing: report it at the `type` value (or the item).
@@ -509,7 +520,7 @@ impl<'de> Visitor<'de> for AgentSpecVisitor<'_> {
                 "id" => id = Some(map.next_value()?),
                 "model_id" => spec.model_id = map.next_value()?,
                 "system_prompt" => spec.system_prompt = map.next_value()?,
-                "max_rounds" => spec.max_rounds = map.next_value()?,
+                "max_rounds" => spec.max_rounds = map.next_value::<items::Rounds>()?.0,
                 "plugin_ids" => spec.plugin_ids = map.next_value()?,
                 "stop_conditions" => {
                     spec.stop_conditions = map.next_value_seed(ListSeed { kinds: self.kinds })?;

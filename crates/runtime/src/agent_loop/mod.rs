@@ -46,7 +46,6 @@ use tokio::time::Instant;
 
 use crate::active_runs::RunControl;
 use crate::agent::{Agent, GuardItem};
-use crate::auto::MetricsReports;
 use crate::detectors::{Detectors, Verdict};
 use crate::history;
 use crate::phase::{Directives, HookFailure, PhaseContext, RunIdentity, dispatch, panic_message};
@@ -115,6 +114,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         usage: TokenUsage::default(),
         usage_complete: true,
         response: String::new(),
+        retry_attempt: None,
     };
     run.emit(|| AgentEvent::RunStarted {
         run_id: run.id.run_id.clone(),
@@ -172,6 +172,22 @@ struct Run {
     usage: TokenUsage,
     usage_complete: bool,
     response: String,
+    /// Set after a retryable failure: the attempt number of the next
+    /// inference, which is announced as a retry, not a new round.
+    retry_attempt: Option<u32>,
+}
+
+/// Sends `event` to `sink`, containing a panic in the sink: a sink that
+/// panics loses that event (it is logged) and changes nothing else about
+/// the run.
+pub(crate) fn emit_guarded(sink: &dyn EventSink, event: AgentEvent) {
+    let delivered = std::panic::catch_unwind(AssertUnwindSafe(|| sink.emit(event)));
+    if let Err(payload) = delivered {
+        tracing::error!(
+            panic = %panic_message(payload.as_ref()),
+            "an event sink panicked; the event is lost, the run goes on"
+        );
+    }
 }
 
 /// Resolves when the run is cancelled (by anyone, or by its deadline).
@@ -213,7 +229,7 @@ impl Run {
     /// Builds and sends an event, unless the sink wants none.
     fn emit(&self, event: impl FnOnce() -> AgentEvent) {
         if self.events {
-            self.sink.emit(event());
+            emit_guarded(&*self.sink, event());
         }
     }
 
@@ -317,11 +333,19 @@ impl Run {
             self.steps += 1;
             // A request for another round applies to the round it was made in.
             self.directives.another_round = false;
-            self.emit(|| AgentEvent::StepStarted {
-                run_id: self.id.run_id.clone(),
-                thread_id: self.id.thread_id.clone(),
-                step: self.steps,
-            });
+            match self.retry_attempt.take() {
+                Some(attempt) => self.emit(|| AgentEvent::RetryStarted {
+                    run_id: self.id.run_id.clone(),
+                    thread_id: self.id.thread_id.clone(),
+                    step: self.steps,
+                    attempt,
+                }),
+                None => self.emit(|| AgentEvent::StepStarted {
+                    run_id: self.id.run_id.clone(),
+                    thread_id: self.id.thread_id.clone(),
+                    step: self.steps,
+                }),
+            }
             for phase in [Phase::StepStart, Phase::BeforeInference] {
                 if let Err(reason) = self.hooks(phase, Focus::default()).await {
                     return reason;
@@ -446,17 +470,27 @@ impl Run {
         let mut partial = InferenceResponse::default();
         let mut cut = None;
         self.detectors.start_response();
+        let mut stopped = false;
         let outcome = {
             let request = &self.request;
             let sink = self.events.then_some(&self.sink);
             let id = &self.id;
+            let token = &self.control.token;
             let partial = &mut partial;
             let detectors = &mut self.detectors;
             let watch = detectors.watches_text();
             let cut = &mut cut;
+            let stopped = &mut stopped;
             let work = AssertUnwindSafe(async move {
                 let mut stream = executor.open(request).await?;
                 while let Some(delta) = stream.next().await {
+                    // A stream whose chunks are always ready never lets the
+                    // select below poll the token, so check it per chunk:
+                    // work between chunks never holds off a cancel.
+                    if token.is_cancelled() {
+                        *stopped = true;
+                        break;
+                    }
                     let delta = delta?;
                     let mut verdict = None;
                     if let InferenceDelta::Text { text } = &delta {
@@ -464,11 +498,14 @@ impl Run {
                             continue;
                         }
                         if let Some(sink) = sink {
-                            sink.emit(AgentEvent::TextDelta {
-                                run_id: id.run_id.clone(),
-                                thread_id: id.thread_id.clone(),
-                                delta: text.clone(),
-                            });
+                            emit_guarded(
+                                &**sink,
+                                AgentEvent::TextDelta {
+                                    run_id: id.run_id.clone(),
+                                    thread_id: id.thread_id.clone(),
+                                    delta: text.clone(),
+                                },
+                            );
                         }
                         if watch {
                             verdict = detectors.observe_text(text);
@@ -492,6 +529,7 @@ impl Run {
         };
         match outcome {
             None => Inference::Interrupted(partial),
+            Some(Ok(Ok(()))) if stopped => Inference::Interrupted(partial),
             Some(Ok(Ok(()))) => match cut {
                 Some(verdict) => Inference::Cut(partial, verdict),
                 None => Inference::Done(partial),
@@ -538,6 +576,7 @@ impl Run {
             delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
         });
         tracing::debug!(attempt, ?delay, %error, "retrying inference");
+        self.retry_attempt = Some(attempt.saturating_add(1));
         tokio::select! {
             biased;
             _ = interrupted(&self.control) => Some(self.cancelled_reason()),
@@ -567,7 +606,11 @@ impl Run {
         } = response;
         self.response.clone_from(&text);
         let calls = if tool_calls.is_empty() {
-            self.history_mut().push(Message::assistant(text));
+            // An empty answer is not stored: some providers (Anthropic)
+            // reject empty assistant content in every later request.
+            if !text.is_empty() {
+                self.history_mut().push(Message::assistant(text));
+            }
             Vec::new()
         } else {
             self.history_mut()
@@ -630,12 +673,11 @@ impl Run {
             .get::<EmittedOutputs>()
             .cloned()
             .unwrap_or_default();
-        let reports = self
-            .state
-            .get::<MetricsReports>()
-            .cloned()
-            .unwrap_or_default();
+        let exports = self.state.exports(&self.agent.keys);
         tracing::debug!(%reason, steps = self.steps, "run finished");
+        // The one `RunFinished`; the claim keeps the task's panic handler
+        // from sending another should anything after this point panic.
+        self.control.claim_finished();
         self.emit(|| AgentEvent::RunFinished {
             run_id: self.id.run_id.clone(),
             thread_id: self.id.thread_id.clone(),
@@ -656,7 +698,7 @@ impl Run {
             usage_complete: self.usage_complete,
             cancel_cause,
             outputs,
-            reports,
+            exports,
         }
     }
 }

@@ -31,8 +31,9 @@ impl MetricsReport {
     }
 }
 
-/// The state key holding the reports made during one run;
-/// `AgentRunResult::reports` carries them out of the run.
+/// The state key holding the reports made during one run. The plugin
+/// exports it, so `AgentRunResult::exported::<MetricsReports>()` gives a
+/// run's reports.
 #[derive(Debug)]
 pub struct MetricsReports;
 
@@ -133,6 +134,9 @@ impl PhaseHook for Record {
 impl Plugin for AutomationPlugin {
     fn register(&self, r: &mut PluginRegistrar) -> Result<(), StateError> {
         r.register_key::<MetricsReports>()?;
+        // Exported: each run's reports leave the run in its result, where
+        // auto mode's session observer picks them up.
+        r.export_key::<MetricsReports>()?;
         r.register_tool("report_metrics", Arc::new(ReportTool));
         r.register_hook(Phase::AfterToolExecute, Arc::new(Record));
         Ok(())

@@ -23,8 +23,33 @@
 //! tokens/heuristics set all replan; a met stop condition never gets here.
 //!
 //! Reports ([`AutomationPlugin`]) and session tokens belong to the thread:
-//! every run on the thread adds to them, they outlive one `auto_run`, and
-//! [`AgentRuntime::reset_session`] clears both. They live in memory only.
+//! its session begins with the thread's first `auto_run`, from then on every
+//! run on the thread adds to them, they outlive one `auto_run`, and
+//! [`AgentRuntime::reset_session`] clears both ([`AgentRuntime::delete_thread`]
+//! drops the session). They live in memory only.
+//!
+//! # Stopping a session
+//!
+//! Each `auto_run` has its own cancellation token, a child of the request's
+//! [`with_cancellation`](RunRequest::with_cancellation) token: cancelling
+//! that token, calling [`AgentRuntime::cancel_by_thread`] (or
+//! `cancel_and_wait_by_thread`, or `delete_thread`) on the thread, or
+//! dropping the `auto_run` future stops the session — the round in progress
+//! is cancelled, no further round starts, and the result's `stop_reason` is
+//! `cancelled`. A cancel that arrives between rounds, or while a round is
+//! finishing, is not lost.
+//!
+//! # A layer on the runtime
+//!
+//! Auto mode stands on the runtime's public surfaces only: it starts rounds
+//! with [`AgentRuntime::run`], keeps its settings and sessions as runtime
+//! extensions ([`AgentRuntimeBuilder::with_extension`],
+//! [`AgentRuntime::extension_or_insert_with`]), learns of every run's end
+//! and of thread cancellations through a [`RunObserver`](crate::RunObserver),
+//! and reads reports from the state key [`AutomationPlugin`] exports. The
+//! engine never refers to it. `progress` events belong to the session (their
+//! `run_id` is the session id, `auto-<n>`), so a run's last event stays its
+//! `RunFinished`.
 
 mod heuristics;
 mod metrics;
@@ -40,16 +65,55 @@ pub use policy::{AutomationPolicy, Goal, Logic, Operator};
 
 use std::sync::Arc;
 
+use rein_runtime_contract::CancellationToken;
 use rein_runtime_contract::event::{AgentEvent, EventSink};
 use rein_runtime_contract::lifecycle::TerminationReason;
 use rein_runtime_contract::message::Message;
 
+use crate::builder::AgentRuntimeBuilder;
 use crate::run::{AgentRunResult, RunRequest};
 use crate::runtime::{AgentRuntime, RuntimeError};
-use session::Session;
+use session::{Session, SessionObserver, Sessions};
 
 /// The default hard ceiling on rounds per `auto_run`.
 pub const DEFAULT_AUTO_ROUND_CEILING: u32 = 20;
+
+/// Auto mode's settings, kept as a runtime extension (set through the
+/// builder methods below).
+#[derive(Clone)]
+struct AutoSettings {
+    ceiling: u32,
+    guardrail: Option<Arc<dyn AutoGuardrail>>,
+}
+
+impl Default for AutoSettings {
+    fn default() -> Self {
+        Self {
+            ceiling: DEFAULT_AUTO_ROUND_CEILING,
+            guardrail: None,
+        }
+    }
+}
+
+/// Auto mode's per-runtime state, created on first use.
+struct AutoState {
+    sessions: Arc<Sessions>,
+}
+
+impl AgentRuntimeBuilder {
+    /// Sets auto mode's hard ceiling on rounds per `auto_run` (default 20).
+    /// No policy field changes it.
+    pub fn with_auto_round_ceiling(mut self, rounds: u32) -> Self {
+        self.extension_mut::<AutoSettings>().ceiling = rounds;
+        self
+    }
+
+    /// Adds auto mode's guardrail, checked after every round.
+    pub fn with_auto_guardrail(mut self, guardrail: Arc<dyn AutoGuardrail>) -> Self {
+        self.extension_mut::<AutoSettings>().guardrail = Some(guardrail);
+        self
+    }
+}
 
 /// A user-supplied check after every round; `Some(reason)` stops auto mode
 /// with `guardrail blocking` (the reason goes in a progress message).
@@ -191,20 +255,25 @@ pub(crate) fn continuation(
     text
 }
 
-fn progress(
-    sink: &dyn EventSink,
-    round: &AgentRunResult,
-    message: String,
-    tokens: u64,
+/// Where one `auto_run`'s progress events go, and what they carry.
+struct Reporter<'a> {
+    sink: &'a dyn EventSink,
+    session_id: &'a str,
+    thread_id: &'a str,
     max_tokens: Option<u64>,
-) {
-    sink.emit(AgentEvent::Progress {
-        run_id: round.run_id.clone(),
-        thread_id: round.thread_id.clone(),
-        message,
-        tokens_used_session: tokens,
-        max_tokens,
-    });
+}
+
+impl Reporter<'_> {
+    fn progress(&self, round: Option<&AgentRunResult>, message: String, tokens: u64) {
+        self.sink.emit(AgentEvent::Progress {
+            run_id: self.session_id.to_owned(),
+            thread_id: self.thread_id.to_owned(),
+            message,
+            tokens_used_session: tokens,
+            max_tokens: self.max_tokens,
+            round_run_id: round.map(|r| r.run_id.clone()),
+        });
+    }
 }
 
 impl AgentRuntime {
@@ -231,29 +300,65 @@ impl AgentRuntime {
     ) -> Result<AutoRunResult, RuntimeError> {
         let policy = policy.filter(|p| !p.is_empty());
         let sink = request.event_sink.clone().unwrap_or(sink);
-        let (ceiling, guardrail) = self.auto_settings();
-        let max_tokens = policy.as_ref().and_then(|p| p.max_tokens);
+        let settings = self
+            .extension::<AutoSettings>()
+            .map(|s| (*s).clone())
+            .unwrap_or_default();
+        let ceiling = settings.ceiling;
+        let sessions = self.auto_state().sessions.clone();
         let thread = request.thread_id.clone();
+        let session_id = self.next_id("auto");
+        let token = request
+            .cancellation
+            .as_ref()
+            .map_or_else(CancellationToken::new, CancellationToken::child_token);
+        // Dropping the future drops this guard too: the round in progress is
+        // cancelled (as `run`'s drop does) and nothing else starts.
+        let _cancel_on_drop = token.clone().drop_guard();
+        let (_running, created) = sessions.begin(&thread, &session_id, token.clone());
+        let report = Reporter {
+            sink: &*sink,
+            session_id: &session_id,
+            thread_id: &thread,
+            max_tokens: policy.as_ref().and_then(|p| p.max_tokens),
+        };
         let mut runs: Vec<AgentRunResult> = Vec::new();
-        let mut next = Some(request.clone());
-        while let Some(round_request) = next.take() {
+        let mut round_request = request.clone().with_cancellation(token.clone());
+        loop {
             let round = u32::try_from(runs.len())
                 .unwrap_or(u32::MAX)
                 .saturating_add(1);
+            // A cancel between rounds, or while the last one was finishing.
+            if token.is_cancelled() {
+                let stop_reason = "cancelled".to_owned();
+                let tokens = sessions.tokens(&thread);
+                report.progress(
+                    runs.last(),
+                    format!("auto-run stop condition: {stop_reason}"),
+                    tokens,
+                );
+                return Ok(AutoRunResult {
+                    stop_reason,
+                    rounds: round - 1,
+                    tokens_used_session: tokens,
+                    runs,
+                });
+            }
             let result = match self.run(round_request, sink.clone()).await {
                 Ok(result) => result,
                 Err(e) => {
-                    let Some(last) = runs.last() else {
+                    if runs.is_empty() {
+                        if created {
+                            sessions.forget(&thread);
+                        }
                         return Err(e);
-                    };
+                    }
                     let stop_reason = format!("run error: {e}");
-                    let tokens = self.session_tokens(&thread);
-                    progress(
-                        &*sink,
-                        last,
+                    let tokens = sessions.tokens(&thread);
+                    report.progress(
+                        runs.last(),
                         format!("auto-run stop condition: {stop_reason}"),
                         tokens,
-                        max_tokens,
                     );
                     return Ok(AutoRunResult {
                         stop_reason,
@@ -263,22 +368,21 @@ impl AgentRuntime {
                     });
                 }
             };
-            let session = self.session(&thread);
-            progress(
-                &*sink,
-                &result,
+            let session = sessions.get(&thread);
+            report.progress(
+                Some(&result),
                 format!("auto-run round {round} finished: {}", result.termination),
                 session.tokens,
-                max_tokens,
             );
-            let blocked = guardrail.as_ref().and_then(|g| g.check(&thread, &result));
+            let blocked = settings
+                .guardrail
+                .as_ref()
+                .and_then(|g| g.check(&thread, &result));
             if let Some(reason) = &blocked {
-                progress(
-                    &*sink,
-                    &result,
+                report.progress(
+                    Some(&result),
                     format!("auto-run guardrail blocked: {reason}"),
                     session.tokens,
-                    max_tokens,
                 );
             }
             match decide(
@@ -290,12 +394,10 @@ impl AgentRuntime {
                 blocked.as_deref(),
             ) {
                 Decision::Stop(stop_reason) => {
-                    progress(
-                        &*sink,
-                        &result,
+                    report.progress(
+                        Some(&result),
                         format!("auto-run stop condition: {stop_reason}"),
                         session.tokens,
-                        max_tokens,
                     );
                     runs.push(result);
                     return Ok(AutoRunResult {
@@ -307,35 +409,41 @@ impl AgentRuntime {
                 }
                 Decision::Replan => {
                     let text = continuation(policy.as_ref(), &session, round + 1, ceiling);
-                    let mut again = request.clone();
-                    again.messages = vec![Message::user(text)];
-                    again.tool_choice = None;
+                    round_request = request.clone().with_cancellation(token.clone());
+                    round_request.messages = vec![Message::user(text)];
+                    round_request.tool_choice = None;
                     runs.push(result);
-                    next = Some(again);
                 }
             }
         }
-        // The loop only ends through a return above.
-        Err(RuntimeError::RunTaskFailed {
-            run_id: String::new(),
-            message: "auto_run ended without a decision".into(),
+    }
+
+    /// Auto mode's state on this runtime, created (with its observer) on
+    /// first use.
+    fn auto_state(&self) -> Arc<AutoState> {
+        if let Some(state) = self.extension::<AutoState>() {
+            return state;
+        }
+        self.extension_or_insert_with(|| {
+            let sessions = Arc::new(Sessions::default());
+            self.add_run_observer(Arc::new(SessionObserver(sessions.clone())));
+            AutoState { sessions }
         })
     }
 
     /// Tokens the thread's runs have used since the session started (or
     /// was reset): every run on the thread adds its reported usage.
     pub fn session_tokens(&self, thread_id: &str) -> u64 {
-        self.sessions().tokens(thread_id)
+        self.extension::<AutoState>()
+            .map_or(0, |state| state.sessions.tokens(thread_id))
     }
 
     /// Clears the thread's session tokens and metric reports (the source's
     /// `/new`). The thread's history is kept.
     pub fn reset_session(&self, thread_id: &str) {
-        self.sessions().reset(thread_id);
-    }
-
-    fn session(&self, thread_id: &str) -> Session {
-        self.sessions().get(thread_id)
+        if let Some(state) = self.extension::<AutoState>() {
+            state.sessions.reset(thread_id);
+        }
     }
 }
 
@@ -356,7 +464,7 @@ mod tests {
             usage_complete: true,
             cancel_cause: None,
             outputs: BTreeMap::new(),
-            reports: Vec::new(),
+            exports: BTreeMap::new(),
         }
     }
 

@@ -20,7 +20,7 @@ mod tool_calls;
 
 pub use chanting::{CHANTING_NUDGE, ChantingDetector, MEAN_GAP_FACTOR};
 pub use stuck::{STUCK_NUDGE, StuckDetector};
-pub use tool_calls::ToolCallLoopDetector;
+pub use tool_calls::{MAX_TOOL_LOOP_THRESHOLD, ToolCallLoopDetector};
 
 use rein_runtime_contract::lifecycle::{OnDetect, StopConditionSpec, StoppedReason};
 use rein_runtime_contract::message::{ToolCall, ToolResult};

@@ -57,6 +57,10 @@ fn key(call: &ToolCall, result: &ToolResult) -> u64 {
     h.finish()
 }
 
+/// The largest `threshold` a tool-call loop accepts; larger values set in
+/// code are clamped to it (YAML rejects them).
+pub const MAX_TOOL_LOOP_THRESHOLD: usize = rein_runtime_contract::config::MAX_THRESHOLD;
+
 /// The tool-call loop detector of one run (see the module docs).
 #[derive(Debug)]
 pub struct ToolCallLoopDetector {
@@ -65,6 +69,9 @@ pub struct ToolCallLoopDetector {
     /// Keys of the most recent calls (at most `threshold × max_cycle`), with names.
     history: VecDeque<(u64, String)>,
     escalation: Escalation,
+    /// After a nudge: the key of the call the loop would continue with.
+    /// Repeating it as the very next call means the nudge failed.
+    nudged_next: Option<u64>,
 }
 
 /// The nudge text for a loop over these tools.
@@ -76,18 +83,37 @@ pub(crate) fn tool_loop_nudge(tools: &str) -> String {
 
 impl ToolCallLoopDetector {
     /// `None` when disabled (a threshold below 2 or a max cycle of 0).
+    /// `threshold` is clamped to [`MAX_TOOL_LOOP_THRESHOLD`] and `max_cycle`
+    /// to [`MAX_CYCLE`](rein_runtime_contract::config::MAX_CYCLE), so the
+    /// history it keeps stays bounded.
     pub fn new(threshold: usize, max_cycle: usize, on_detect: OnDetect) -> Option<Self> {
         (threshold >= 2 && max_cycle >= 1).then(|| Self {
-            threshold,
-            max_cycle,
+            threshold: threshold.min(MAX_TOOL_LOOP_THRESHOLD),
+            max_cycle: max_cycle.min(rein_runtime_contract::config::MAX_CYCLE),
             history: VecDeque::new(),
             escalation: Escalation::new(on_detect),
+            nudged_next: None,
         })
     }
 
     /// Records one round's calls and checks the tail of the history.
     pub fn observe_round(&mut self, round: &[(&ToolCall, &ToolResult)]) -> Option<Verdict> {
         let keep = self.threshold.saturating_mul(self.max_cycle);
+        // After a nudge, the next call repeating the loop is the nudge
+        // failing: stop on it rather than wait for a fresh streak.
+        if let (Some(next), Some((call, result))) = (self.nudged_next.take(), round.first())
+            && key(call, result) == next
+        {
+            let detail = format!(
+                "the tool call {} was repeated right after a nudge to stop repeating it",
+                call.name
+            );
+            return Some(self.escalation.fire(
+                "tool_call_loop",
+                detail,
+                &tool_loop_nudge(&call.name),
+            ));
+        }
         let mut found = None;
         for (call, result) in round {
             self.history
@@ -115,6 +141,8 @@ impl ToolCallLoopDetector {
             .escalation
             .fire("tool_call_loop", detail, &tool_loop_nudge(&tools));
         if matches!(verdict, Verdict::Nudge(_)) {
+            // The loop would go on with the cycle's first call.
+            self.nudged_next = self.history.get(n - cycle).map(|(k, _)| *k);
             self.history.clear();
         }
         Some(verdict)
@@ -124,8 +152,10 @@ impl ToolCallLoopDetector {
     fn cycle_at_tail(&self) -> Option<usize> {
         let n = self.history.len();
         (1..=self.max_cycle).find(|&c| {
-            let span = c * self.threshold;
-            span <= n && (n - span..n - c).all(|i| self.history[i].0 == self.history[i + c].0)
+            // Checked: an overflowing span is longer than any history.
+            c.checked_mul(self.threshold).is_some_and(|span| {
+                span <= n && (n - span..n - c).all(|i| self.history[i].0 == self.history[i + c].0)
+            })
         })
     }
 }
@@ -225,14 +255,52 @@ mod tests {
     }
 
     #[test]
-    fn nudge_then_stop_nudges_resets_and_stops_on_the_second_detection() {
+    fn nudge_then_stop_stops_when_the_nudged_call_is_repeated_at_once() {
         let mut d = ToolCallLoopDetector::new(2, 1, OnDetect::NudgeThenStop).unwrap();
-        let v = feed(&mut d, &vec![("f", json!({}), "r"); 4]);
+        let v = feed(&mut d, &vec![("f", json!({}), "r"); 3]);
         assert_eq!(v[0], None);
         assert!(matches!(&v[1], Some(Verdict::Nudge(t)) if t.contains("(f)")));
-        assert_eq!(v[2], None, "the detector was reset");
         assert!(
-            matches!(&v[3], Some(Verdict::Stop(r)) if r.detail.ends_with("(again, after a nudge)"))
+            matches!(&v[2], Some(Verdict::Stop(r)) if r.detail.contains("right after a nudge")),
+            "{:?}",
+            v[2]
+        );
+    }
+
+    #[test]
+    fn after_a_nudge_another_call_resets_and_a_fresh_streak_stops() {
+        let mut d = ToolCallLoopDetector::new(2, 2, OnDetect::NudgeThenStop).unwrap();
+        // A B A B → nudge; the loop would go on with A. B breaks it.
+        let v = feed(
+            &mut d,
+            &[
+                ("a", json!({}), "r"),
+                ("b", json!({}), "r"),
+                ("a", json!({}), "r"),
+                ("b", json!({}), "r"),
+                ("b", json!({}), "r"),
+                ("c", json!({}), "r"),
+                ("c", json!({}), "r"),
+            ],
+        );
+        assert!(matches!(&v[3], Some(Verdict::Nudge(_))));
+        assert_eq!(v[4], None, "b is not the cycle's next call (a)");
+        assert_eq!(v[5], None);
+        assert!(
+            matches!(&v[6], Some(Verdict::Stop(r)) if r.detail.ends_with("(again, after a nudge)"))
+        );
+    }
+
+    #[test]
+    fn a_huge_threshold_neither_overflows_nor_keeps_an_unbounded_history() {
+        let mut d = ToolCallLoopDetector::new(usize::MAX, usize::MAX, OnDetect::Stop).unwrap();
+        let calls: Vec<_> = (0..3000).map(|_| ("f", json!({}), "r")).collect();
+        let v = feed(&mut d, &calls);
+        // Clamped to MAX_TOOL_LOOP_THRESHOLD: the 1000th identical call stops.
+        assert!(v[..999].iter().all(Option::is_none));
+        assert!(matches!(&v[999], Some(Verdict::Stop(_))));
+        assert!(
+            d.history.len() <= MAX_TOOL_LOOP_THRESHOLD * rein_runtime_contract::config::MAX_CYCLE
         );
     }
 
