@@ -180,3 +180,72 @@ impl RunHandle {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use futures::FutureExt;
+    use rein_providers::{ScriptedExecutor, ScriptedResponse};
+    use rein_runtime_contract::message::Message;
+    use rein_runtime_contract::spec::{AgentSpec, ModelSpec};
+    use rein_runtime_contract::tool::{Tool, ToolContext, ToolDescriptor, ToolError, ToolOutput};
+
+    use crate::{AgentRuntimeBuilder, RunRequest};
+
+    /// Never returns and ignores its token: its run never lets go.
+    struct Stuck(Arc<tokio::sync::Notify>);
+
+    #[async_trait::async_trait]
+    impl Tool for Stuck {
+        fn descriptor(&self) -> ToolDescriptor {
+            ToolDescriptor::new("stuck", "never returns")
+        }
+        async fn execute(
+            &self,
+            _args: serde_json::Value,
+            _ctx: &ToolContext,
+        ) -> Result<ToolOutput, ToolError> {
+            self.0.notify_one();
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn dropped_submit_futures_leave_no_lock_entry_behind() {
+        let entered = Arc::new(tokio::sync::Notify::new());
+        let model = ScriptedExecutor::new(vec![ScriptedResponse::tool_call(
+            "stuck",
+            serde_json::json!({}),
+        )]);
+        let runtime = AgentRuntimeBuilder::new()
+            .with_agent_spec(AgentSpec::new("a").with_model_id("m"))
+            .with_model(ModelSpec::new("m", "p", "x"))
+            .with_provider("p", Arc::new(model))
+            .with_tool("stuck", Arc::new(Stuck(entered.clone())))
+            .with_cancel_wait_timeout(Duration::from_secs(3600))
+            .build()
+            .unwrap();
+        let request = || RunRequest::new("t", vec![Message::user("go")]);
+        let sink = Arc::new(rein_runtime_contract::event::NullSink);
+        let mut stuck = runtime.run(request(), sink).boxed();
+        let mailbox = runtime.mailbox();
+        // Let the stuck run take the thread.
+        tokio::select! {
+            _ = entered.notified() => {}
+            _ = &mut stuck => unreachable!("the run never ends"),
+        }
+        // The first submission holds the lock, waiting for the stuck run;
+        // a hundred more wait for the lock. Poll each once, then drop all.
+        let mut first = mailbox.submit(request()).boxed();
+        assert!((&mut first).now_or_never().is_none());
+        for _ in 0..100 {
+            let mut waiting = mailbox.submit(request()).boxed();
+            assert!((&mut waiting).now_or_never().is_none());
+        }
+        drop(first);
+        assert_eq!(runtime.inner_for_tests().mailbox_locks.len(), 0);
+        drop(stuck);
+    }
+}

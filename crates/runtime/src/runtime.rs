@@ -635,6 +635,11 @@ impl AgentRuntime {
         format!("{prefix}-{n}")
     }
 
+    #[cfg(test)]
+    pub(crate) fn inner_for_tests(&self) -> &Inner {
+        &self.inner
+    }
+
     /// A mailbox for submitting input to threads, interrupting their active runs.
     pub fn mailbox(&self) -> Mailbox {
         Mailbox::new(self.inner.clone())
