@@ -274,6 +274,22 @@ impl Reporter<'_> {
             round_run_id: round.map(|r| r.run_id.clone()),
         });
     }
+
+    /// Ends the session: the stop's progress event, then the result. The
+    /// last of `runs` is the round the stop follows.
+    fn stop(&self, stop_reason: String, runs: Vec<AgentRunResult>, tokens: u64) -> AutoRunResult {
+        self.progress(
+            runs.last(),
+            format!("auto-run stop condition: {stop_reason}"),
+            tokens,
+        );
+        AutoRunResult {
+            stop_reason,
+            rounds: u32::try_from(runs.len()).unwrap_or(u32::MAX),
+            tokens_used_session: tokens,
+            runs,
+        }
+    }
 }
 
 impl AgentRuntime {
@@ -330,19 +346,8 @@ impl AgentRuntime {
                 .saturating_add(1);
             // A cancel between rounds, or while the last one was finishing.
             if token.is_cancelled() {
-                let stop_reason = "cancelled".to_owned();
                 let tokens = sessions.tokens(&thread);
-                report.progress(
-                    runs.last(),
-                    format!("auto-run stop condition: {stop_reason}"),
-                    tokens,
-                );
-                return Ok(AutoRunResult {
-                    stop_reason,
-                    rounds: round - 1,
-                    tokens_used_session: tokens,
-                    runs,
-                });
+                return Ok(report.stop("cancelled".to_owned(), runs, tokens));
             }
             let result = match self.run(round_request, sink.clone()).await {
                 Ok(result) => result,
@@ -353,19 +358,8 @@ impl AgentRuntime {
                         }
                         return Err(e);
                     }
-                    let stop_reason = format!("run error: {e}");
                     let tokens = sessions.tokens(&thread);
-                    report.progress(
-                        runs.last(),
-                        format!("auto-run stop condition: {stop_reason}"),
-                        tokens,
-                    );
-                    return Ok(AutoRunResult {
-                        stop_reason,
-                        rounds: round - 1,
-                        tokens_used_session: tokens,
-                        runs,
-                    });
+                    return Ok(report.stop(format!("run error: {e}"), runs, tokens));
                 }
             };
             let session = sessions.get(&thread);
@@ -394,18 +388,8 @@ impl AgentRuntime {
                 blocked.as_deref(),
             ) {
                 Decision::Stop(stop_reason) => {
-                    report.progress(
-                        Some(&result),
-                        format!("auto-run stop condition: {stop_reason}"),
-                        session.tokens,
-                    );
                     runs.push(result);
-                    return Ok(AutoRunResult {
-                        stop_reason,
-                        rounds: round,
-                        tokens_used_session: session.tokens,
-                        runs,
-                    });
+                    return Ok(report.stop(stop_reason, runs, session.tokens));
                 }
                 Decision::Replan => {
                     let text = continuation(policy.as_ref(), &session, round + 1, ceiling);
