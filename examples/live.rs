@@ -22,11 +22,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rein::engine::GenaiExecutor;
 use rein::prelude::*;
-use serde_json::json;
+use rein::serde_json::json;
 
 struct Weather;
 
-#[async_trait::async_trait]
+#[rein::async_trait]
 impl Tool for Weather {
     fn descriptor(&self) -> ToolDescriptor {
         ToolDescriptor::new("weather", "Current weather for a city").with_parameters(json!({
@@ -38,7 +38,7 @@ impl Tool for Weather {
 
     async fn execute(
         &self,
-        args: serde_json::Value,
+        args: rein::serde_json::Value,
         _ctx: &ToolContext,
     ) -> Result<ToolOutput, ToolError> {
         let city = args["city"].as_str().unwrap_or("Paris");
