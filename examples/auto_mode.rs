@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use rein::auto::{AutomationPlugin, AutomationPolicy};
 use rein::prelude::*;
-use serde_json::json;
+use rein::serde_json::json;
 
 const POLICY: &str = r#"{
   "automation_policy": {

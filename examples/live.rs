@@ -18,14 +18,15 @@
 
 use std::io::Write;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rein::engine::GenaiExecutor;
 use rein::prelude::*;
-use serde_json::json;
+use rein::serde_json::json;
 
 struct Weather;
 
-#[async_trait::async_trait]
+#[rein::async_trait]
 impl Tool for Weather {
     fn descriptor(&self) -> ToolDescriptor {
         ToolDescriptor::new("weather", "Current weather for a city").with_parameters(json!({
@@ -37,7 +38,7 @@ impl Tool for Weather {
 
     async fn execute(
         &self,
-        args: serde_json::Value,
+        args: rein::serde_json::Value,
         _ctx: &ToolContext,
     ) -> Result<ToolOutput, ToolError> {
         let city = args["city"].as_str().unwrap_or("Paris");
@@ -47,7 +48,23 @@ impl Tool for Weather {
     }
 }
 
-struct Printer;
+/// Prints events as they happen: the answer as it streams, tool calls and
+/// retries on lines of their own.
+#[derive(Default)]
+struct Printer {
+    /// Streamed text was printed and its line is not finished yet.
+    mid_line: AtomicBool,
+}
+
+impl Printer {
+    /// Finishes the streamed answer's line, if one is open, so that what
+    /// follows (and the program's last line) starts on a line of its own.
+    fn end_line(&self) {
+        if self.mid_line.swap(false, Ordering::Relaxed) {
+            println!();
+        }
+    }
+}
 
 impl EventSink for Printer {
     fn emit(&self, event: AgentEvent) {
@@ -55,16 +72,27 @@ impl EventSink for Printer {
             AgentEvent::TextDelta { delta, .. } => {
                 print!("{delta}");
                 let _ = std::io::stdout().flush();
+                if !delta.is_empty() {
+                    self.mid_line
+                        .store(!delta.ends_with('\n'), Ordering::Relaxed);
+                }
             }
             AgentEvent::ToolCallStarted {
                 name, arguments, ..
-            } => println!("\n[tool call] {name} {arguments}"),
+            } => {
+                self.end_line();
+                println!("[tool call] {name} {arguments}");
+            }
             AgentEvent::ToolCallFinished { name, result, .. } => {
-                println!("[tool result] {name}: {result}")
+                self.end_line();
+                println!("[tool result] {name}: {result}");
             }
             AgentEvent::InferenceRetry {
                 error, delay_ms, ..
-            } => println!("\n[retry in {delay_ms} ms] {error}"),
+            } => {
+                self.end_line();
+                println!("[retry in {delay_ms} ms] {error}");
+            }
             _ => {}
         }
     }
@@ -113,8 +141,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(choice) = first_choice {
         request = request.with_tool_choice(choice);
     }
-    let result = runtime.run(request, Arc::new(Printer)).await?;
-    println!("\ntermination: {}", result.termination);
+    let printer = Arc::new(Printer::default());
+    let result = runtime.run(request, printer.clone()).await;
+    // The answer streams without a newline; end its line before anything
+    // else is printed, the error of a failed run included.
+    printer.end_line();
+    let result = result?;
+    println!("termination: {}", result.termination);
     let usage = if result.usage_complete {
         format!("{:?}", result.usage)
     } else {

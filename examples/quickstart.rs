@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rein::prelude::*;
-use serde_json::json;
+use rein::serde_json::json;
 
 /// A tool that reports the weather of a city (from a fixed table).
 struct Weather;
 
-#[async_trait::async_trait]
+#[rein::async_trait]
 impl Tool for Weather {
     fn descriptor(&self) -> ToolDescriptor {
         ToolDescriptor::new("weather", "Current weather for a city").with_parameters(json!({
@@ -25,7 +25,7 @@ impl Tool for Weather {
 
     async fn execute(
         &self,
-        args: serde_json::Value,
+        args: rein::serde_json::Value,
         _ctx: &ToolContext,
     ) -> Result<ToolOutput, ToolError> {
         let city = args["city"]
@@ -113,7 +113,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!(
         "termination: {}",
-        serde_json::to_string(&result.termination)?
+        rein::serde_json::to_string(&result.termination)?
     );
     println!(
         "history: {} messages",

@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use rein::config::load_agent_spec_file;
 use rein::prelude::*;
-use serde_json::json;
+use rein::serde_json::json;
 
 struct Lookup;
 
-#[async_trait::async_trait]
+#[rein::async_trait]
 impl Tool for Lookup {
     fn descriptor(&self) -> ToolDescriptor {
         ToolDescriptor::new("lookup", "Look up a customer's plan")
@@ -20,7 +20,7 @@ impl Tool for Lookup {
 
     async fn execute(
         &self,
-        args: serde_json::Value,
+        args: rein::serde_json::Value,
         _ctx: &ToolContext,
     ) -> Result<ToolOutput, ToolError> {
         Ok(ToolOutput::json(

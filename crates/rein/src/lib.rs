@@ -3,7 +3,10 @@
 //! a thread that already has a run going.
 //!
 //! This crate is the facade: it only re-exports `rein-runtime-contract` (as
-//! [`contract`]), `rein-runtime` and `rein-providers` (as [`engine`]).
+//! [`contract`]), `rein-runtime` and `rein-providers` (as [`engine`]), and
+//! the two crates a tool is written with, [`async_trait`](mod@async_trait)
+//! and [`serde_json`], so a program needs no dependency but `rein` (and its
+//! async runtime).
 //!
 //! # The model
 //!
@@ -29,19 +32,19 @@
 //! use rein::prelude::*;
 //!
 //! struct Clock;
-//! #[async_trait::async_trait]
+//! #[rein::async_trait]
 //! impl Tool for Clock {
 //!     fn descriptor(&self) -> ToolDescriptor {
 //!         ToolDescriptor::new("clock", "tells the time")
 //!     }
-//!     async fn execute(&self, _args: serde_json::Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+//!     async fn execute(&self, _args: rein::serde_json::Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
 //!         Ok(ToolOutput::text("12:00"))
 //!     }
 //! }
 //!
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! let model = ScriptedExecutor::new(vec![
-//!     ScriptedResponse::tool_call("clock", serde_json::json!({})),
+//!     ScriptedResponse::tool_call("clock", rein::serde_json::json!({})),
 //!     ScriptedResponse::text("It is noon."),
 //! ]);
 //! let runtime = AgentRuntimeBuilder::new()
@@ -70,9 +73,19 @@
 //! | [`auto`], [`detectors`], [`plugin`], [`plugins`], [`phase`], [`policies`], [`thread_store`] | `rein-runtime` modules |
 //! | [`engine`] | executors from `rein-providers` |
 //! | root | the runtime, its builder, requests, results, errors |
-//! | [`prelude`] | what a typical program imports |
+//! | [`async_trait`](mod@async_trait) | the `async-trait` crate; its attribute is also `#[rein::async_trait]`, for `impl Tool`, `PhaseHook`, `LlmExecutor` |
+//! | [`serde_json`] | the `serde_json` crate: tool arguments and results (`Value`, `json!`) |
+//! | [`prelude`] | what a typical program imports: the names above plus [`GenaiExecutor`](engine::GenaiExecutor), the [`config`] loaders and [`ConfigError`](config::ConfigError) |
 
 pub use rein_runtime_contract as contract;
+
+/// The `async-trait` crate, which Rein's traits are declared with. Its
+/// attribute is re-exported too, as `#[rein::async_trait]`.
+pub use ::async_trait;
+pub use ::async_trait::async_trait;
+
+/// The `serde_json` crate: tool arguments and results are `serde_json::Value`s.
+pub use serde_json;
 
 pub use rein_runtime_contract::config;
 
@@ -100,9 +113,12 @@ pub use rein_runtime_contract::event::CollectingSink;
 pub use rein_runtime_contract::lifecycle::TerminationReason;
 pub use rein_runtime_contract::spec::{AgentSpec, ModelSpec};
 
-/// The names a typical Rein program uses.
+/// The names a typical Rein program uses. Nothing in it is named `Result`,
+/// `Error`, `spec` or `request`: `use rein::prelude::*;` shadows nothing in
+/// std's prelude and is never ambiguous with another glob's `Result` or
+/// `Error` (`std::io::*`, `std::fmt::*`).
 pub mod prelude {
-    pub use rein_providers::{ScriptedExecutor, ScriptedResponse};
+    pub use rein_providers::{GenaiExecutor, ScriptedExecutor, ScriptedResponse};
     pub use rein_runtime::phase::{HookError, PhaseContext, PhaseHook};
     pub use rein_runtime::plugin::{Plugin, PluginRegistrar};
     pub use rein_runtime::{
@@ -110,6 +126,10 @@ pub mod prelude {
         RunRequest, RuntimeError,
     };
     pub use rein_runtime_contract::CancellationToken;
+    pub use rein_runtime_contract::config::{
+        ConfigError, load_agent_spec_file, load_agent_spec_yaml, load_stop_conditions_file,
+        load_stop_conditions_yaml,
+    };
     pub use rein_runtime_contract::event::{AgentEvent, CancelCause, CollectingSink, EventSink};
     pub use rein_runtime_contract::inference::{InferenceError, LlmExecutor, ToolChoice};
     pub use rein_runtime_contract::lifecycle::{

@@ -17,8 +17,9 @@
 
 mod common;
 
+use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -30,14 +31,33 @@ use serde_json::json;
 
 static TURN: Mutex<()> = Mutex::new(());
 
+/// The live tests in this file: its `#[tokio::test]` functions, counted
+/// from its own source so the skip message cannot drift from the file.
+fn live_test_count() -> usize {
+    include_str!("live_llm.rs")
+        .lines()
+        .filter(|line| line.trim() == "#[tokio::test]")
+        .count()
+}
+
 /// The server's base URL and this test's turn, or `None` (skipped).
-fn live(test: &str) -> Option<(String, MutexGuard<'static, ()>)> {
+///
+/// The first skip in this binary says so on stderr, once, with the count:
+/// libtest captures `print!`/`eprint!` of passing tests, but not writes to
+/// the process's stderr handle, so the line shows under `cargo test`.
+fn live() -> Option<(String, MutexGuard<'static, ()>)> {
     match std::env::var("REIN_LLM_BASE_URL") {
         Ok(url) if !url.is_empty() => Some((url, TURN.lock().unwrap_or_else(|e| e.into_inner()))),
         _ => {
-            println!(
-                "skipping {test}: REIN_LLM_BASE_URL is not set (run `cargo xtask local-llm start`)"
-            );
+            static SAID: Once = Once::new();
+            SAID.call_once(|| {
+                let line = format!(
+                    "{} live tests skipped: REIN_LLM_BASE_URL is not set \
+                     (run `export $(cargo xtask local-llm start | tail -n 1)`)\n",
+                    live_test_count()
+                );
+                let _ = std::io::stderr().write_all(line.as_bytes());
+            });
             None
         }
     }
@@ -63,7 +83,7 @@ fn runtime(
 
 #[tokio::test]
 async fn a_plain_streamed_answer_ends_naturally() {
-    let Some((url, _turn)) = live("a_plain_streamed_answer_ends_naturally") else {
+    let Some((url, _turn)) = live() else {
         return;
     };
     let rt = runtime(GenaiExecutor::openai_compatible(url, None), spec(), 16)
@@ -117,9 +137,7 @@ impl Tool for Weather {
 
 #[tokio::test]
 async fn a_forced_tool_call_runs_the_tool_and_the_model_answers_after_it() {
-    let Some((url, _turn)) =
-        live("a_forced_tool_call_runs_the_tool_and_the_model_answers_after_it")
-    else {
+    let Some((url, _turn)) = live() else {
         return;
     };
     let calls = Arc::new(Mutex::new(Vec::new()));
@@ -154,7 +172,7 @@ async fn a_forced_tool_call_runs_the_tool_and_the_model_answers_after_it() {
 
 #[tokio::test]
 async fn usage_is_captured_on_a_non_streaming_call() {
-    let Some((url, _turn)) = live("usage_is_captured_on_a_non_streaming_call") else {
+    let Some((url, _turn)) = live() else {
         return;
     };
     let rt = runtime(
@@ -176,7 +194,7 @@ async fn usage_is_captured_on_a_non_streaming_call() {
 
 #[tokio::test]
 async fn token_budget_and_max_rounds_stop_real_runs() {
-    let Some((url, _turn)) = live("token_budget_and_max_rounds_stop_real_runs") else {
+    let Some((url, _turn)) = live() else {
         return;
     };
     let calls = Arc::new(Mutex::new(Vec::new()));
@@ -234,9 +252,7 @@ impl EventSink for FirstDelta {
 
 #[tokio::test]
 async fn cancelling_a_real_stream_is_prompt_and_the_server_keeps_serving() {
-    let Some((url, _turn)) =
-        live("cancelling_a_real_stream_is_prompt_and_the_server_keeps_serving")
-    else {
+    let Some((url, _turn)) = live() else {
         return;
     };
     let rt = runtime(GenaiExecutor::openai_compatible(url, None), spec(), 400)
@@ -269,7 +285,7 @@ async fn cancelling_a_real_stream_is_prompt_and_the_server_keeps_serving() {
 
 #[tokio::test]
 async fn a_wrong_port_is_a_retryable_connection_error_and_consecutive_errors_stop_the_run() {
-    let Some((_url, _turn)) = live("a_wrong_port_is_a_retryable_connection_error") else {
+    let Some((_url, _turn)) = live() else {
         return;
     };
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -299,4 +315,22 @@ async fn a_wrong_port_is_a_retryable_connection_error_and_consecutive_errors_sto
             .is_some_and(|e| e.starts_with(InferenceErrorKind::Connection.as_str())),
         "{retry:?}"
     );
+}
+
+/// The skip line's count is the number of `#[tokio::test]`s; it is true
+/// only if each of them skips through [`live`].
+#[test]
+fn every_live_test_skips_through_live_so_the_skip_count_is_true() {
+    let lines: Vec<&str> = include_str!("live_llm.rs").lines().collect();
+    let starts: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].trim() == "#[tokio::test]")
+        .collect();
+    assert!(!starts.is_empty());
+    assert_eq!(starts.len(), live_test_count());
+    for start in starts {
+        let end = (start..lines.len()).find(|&i| lines[i] == "}").unwrap();
+        let body = lines[start..end].join("\n");
+        let name = lines[start + 1];
+        assert!(body.contains("live()"), "{name} does not call live()");
+    }
 }

@@ -1,5 +1,6 @@
 //! Retryable inference errors are errored rounds: hooks and policies see
-//! them, the backoff doubles from the base, `retry_after` is honoured, and
+//! them, the backoff waits between half and all of a ceiling that doubles
+//! from the base (equal jitter), `retry_after` is honoured exactly, and
 //! `consecutive_errors` stops the run; non-retryable errors end it at once.
 
 #![allow(
@@ -12,6 +13,7 @@
 
 mod common;
 
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +32,19 @@ fn retries(events: &[AgentEvent]) -> Vec<(u32, u64)> {
             _ => None,
         })
         .collect()
+}
+
+/// Checks each retry's attempt and that its `delay_ms` is in its range.
+fn assert_retries(actual: &[(u32, u64)], expected: &[(u32, RangeInclusive<u64>)]) {
+    let attempts: Vec<u32> = actual.iter().map(|(attempt, _)| *attempt).collect();
+    let expected_attempts: Vec<u32> = expected.iter().map(|(attempt, _)| *attempt).collect();
+    assert_eq!(attempts, expected_attempts, "{actual:?}");
+    for ((attempt, delay), (_, range)) in actual.iter().zip(expected) {
+        assert!(
+            range.contains(delay),
+            "retry {attempt} waited {delay} ms, not in {range:?} ms"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -55,8 +70,16 @@ async fn three_retryable_errors_stop_the_run_with_consecutive_errors() {
         )
     );
     assert_eq!(r.steps, 3);
-    assert_eq!(retries(&sink.events()), [(1, 500), (2, 1000)]);
-    assert_eq!(start.elapsed(), Duration::from_millis(1500));
+    let retries = retries(&sink.events());
+    assert_retries(&retries, &[(1, 250..=500), (2, 500..=1000)]);
+    // The waits are the reported ones (whole ms, rounded down; the paused
+    // clock's timer rounds each sleep up to the next ms).
+    let waited: u64 = retries.iter().map(|(_, delay)| delay).sum();
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(waited) && elapsed <= Duration::from_millis(waited + 2),
+        "waited {elapsed:?} for {waited} ms of backoff"
+    );
     assert_eq!(
         runtime.thread_messages("t").await.len(),
         1,
@@ -85,9 +108,14 @@ async fn a_success_resets_the_error_count() {
     let r = runtime.run(user("t", "go"), sink.clone()).await.unwrap();
     assert_eq!(r.termination, TerminationReason::NaturalEnd);
     assert_eq!(r.steps, 6);
-    assert_eq!(
-        retries(&sink.events()),
-        [(1, 500), (2, 1000), (1, 500), (2, 1000)]
+    assert_retries(
+        &retries(&sink.events()),
+        &[
+            (1, 250..=500),
+            (2, 500..=1000),
+            (1, 250..=500),
+            (2, 500..=1000),
+        ],
     );
 }
 
@@ -114,9 +142,15 @@ async fn the_backoff_is_capped_settable_and_yields_to_retry_after() {
     let sink = Arc::new(CollectingSink::new());
     let r = runtime.run(user("t", "go"), sink.clone()).await.unwrap();
     assert_eq!(r.termination, TerminationReason::NaturalEnd);
-    assert_eq!(
-        retries(&sink.events()),
-        [(1, 100), (2, 200), (3, 250), (4, 7000), (5, 60000)]
+    assert_retries(
+        &retries(&sink.events()),
+        &[
+            (1, 50..=100),
+            (2, 100..=200),
+            (3, 125..=250),
+            (4, 7000..=7000),
+            (5, 60000..=60000),
+        ],
     );
 }
 

@@ -193,7 +193,8 @@ impl Default for AgentRuntimeBuilder {
 
 impl AgentRuntimeBuilder {
     /// An empty builder: in-memory thread store, no default event sink,
-    /// 5 s cancel-wait bound, retry backoff from 500 ms doubling to 30 s.
+    /// 5 s cancel-wait bound, retry backoff from 500 ms doubling to 30 s
+    /// (with jitter).
     pub fn new() -> Self {
         Self {
             agents: Vec::new(),
@@ -262,9 +263,11 @@ impl AgentRuntimeBuilder {
         self
     }
 
-    /// Sets the retry backoff: `base` doubling per failure, at most `cap`
-    /// (defaults 500 ms and 30 s). A provider's `retry_after` overrides it,
-    /// up to 60 s.
+    /// Sets the retry backoff: a ceiling of `base` doubling per failure, at
+    /// most `cap` (defaults 500 ms and 30 s); each wait is random between
+    /// half the ceiling and the ceiling (equal jitter), so runs that fail
+    /// together do not retry in lockstep. A provider's `retry_after`
+    /// overrides it, exactly (no jitter), up to 60 s.
     pub fn with_retry_backoff(mut self, base: Duration, cap: Duration) -> Self {
         self.config.backoff = RetryBackoff { base, cap };
         self

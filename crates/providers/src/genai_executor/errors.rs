@@ -8,7 +8,7 @@
 //! (`mod.rs`) and the stream (`stream.rs`) say which [`Phase`] failed, and
 //! the runtime decides on retries from the kind.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use rein_runtime_contract::inference::{InferenceError, InferenceErrorKind};
 
@@ -78,22 +78,36 @@ fn mentions_context_overflow(body: &str) -> bool {
     PHRASES.iter().any(|phrase| body.contains(phrase))
 }
 
-/// The delay a `Retry-After` header asks for: whole (or fractional) seconds.
-/// The HTTP-date form is not understood (`None`). `retry-after-ms`, which
-/// OpenAI also sends, is used when `Retry-After` is absent.
+/// The delay a `Retry-After` header asks for, in either of RFC 9110's
+/// forms: delay-seconds (whole, or fractional as some providers send) or an
+/// HTTP-date (`Wed, 21 Oct 2015 07:28:00 GMT`, and the obsolete RFC 850 and
+/// asctime forms), measured from the system clock; a date already past
+/// means retry now (zero). `retry-after-ms`, which OpenAI also sends, is
+/// used when `Retry-After` is absent. A value in neither form is `None`.
 pub(super) fn parse_retry_after(
     retry_after: Option<&str>,
     retry_after_ms: Option<&str>,
+) -> Option<Duration> {
+    parse_retry_after_at(retry_after, retry_after_ms, SystemTime::now())
+}
+
+/// [`parse_retry_after`] with the current time given.
+fn parse_retry_after_at(
+    retry_after: Option<&str>,
+    retry_after_ms: Option<&str>,
+    now: SystemTime,
 ) -> Option<Duration> {
     if let Some(value) = retry_after {
         let value = value.trim();
         if let Ok(seconds) = value.parse::<u64>() {
             return Some(Duration::from_secs(seconds));
         }
-        return value
-            .parse::<f64>()
+        if let Ok(seconds) = value.parse::<f64>() {
+            return Duration::try_from_secs_f64(seconds).ok();
+        }
+        return httpdate::parse_http_date(value)
             .ok()
-            .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok());
+            .map(|date| date.duration_since(now).unwrap_or(Duration::ZERO));
     }
     retry_after_ms
         .and_then(|value| value.trim().parse::<u64>().ok())
@@ -353,15 +367,40 @@ mod tests {
             Some(Duration::from_millis(1500))
         );
         assert_eq!(
-            parse_retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT"), Some("5")),
-            None
-        );
-        assert_eq!(
             parse_retry_after(None, Some("250")),
             Some(Duration::from_millis(250))
         );
         assert_eq!(parse_retry_after(None, None), None);
         assert_eq!(parse_retry_after(Some("-3"), None), None);
+        assert_eq!(parse_retry_after(Some("soon"), Some("5")), None);
+    }
+
+    #[test]
+    fn retry_after_parses_an_http_date_as_the_time_until_it() {
+        // 2015-10-21 07:28:00 UTC.
+        let date = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        let at = |now: SystemTime, value: &str| parse_retry_after_at(Some(value), None, now);
+        let before = date - Duration::from_secs(90);
+        assert_eq!(
+            at(before, "Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::from_secs(90))
+        );
+        // The obsolete forms RFC 9110 still asks recipients to accept.
+        assert_eq!(
+            at(before, "Wednesday, 21-Oct-15 07:28:00 GMT"),
+            Some(Duration::from_secs(90))
+        );
+        assert_eq!(
+            at(before, "Wed Oct 21 07:28:00 2015"),
+            Some(Duration::from_secs(90))
+        );
+        // A date already past means retry now; a date wins over retry-after-ms.
+        let after = date + Duration::from_secs(3600);
+        assert_eq!(
+            parse_retry_after_at(Some("Wed, 21 Oct 2015 07:28:00 GMT"), Some("5"), after),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(at(before, "Wed, 32 Oct 2015 07:28:00 GMT"), None);
     }
 
     #[test]

@@ -191,6 +191,39 @@ async fn rate_limit_is_retryable_with_retry_after() {
 }
 
 #[tokio::test]
+async fn rate_limit_with_an_http_date_retry_after_waits_until_that_date() {
+    let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(30));
+    let error = open_error(
+        format!(
+            "HTTP/1.1 429 Too Many Requests\r\nRetry-After: {date}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+        true,
+    )
+    .await;
+    assert_eq!(error.kind(), InferenceErrorKind::RateLimited);
+    // The date has whole seconds and some time passes before it is read.
+    let after = error.retry_after().unwrap();
+    assert!(
+        after > Duration::from_secs(25) && after <= Duration::from_secs(30),
+        "Retry-After: {date} gave {after:?}"
+    );
+
+    let past = "Wed, 21 Oct 2015 07:28:00 GMT";
+    let error = open_error(
+        format!(
+            "HTTP/1.1 429 Too Many Requests\r\nRetry-After: {past}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+        false,
+    )
+    .await;
+    assert_eq!(
+        error.retry_after(),
+        Some(Duration::ZERO),
+        "a past date: retry now"
+    );
+}
+
+#[tokio::test]
 async fn a_stream_cut_before_done_ends_with_stream_cut() {
     let (base_url, _server) = serve_once(sse(&[TEXT_1, TEXT_2])).await;
     let request = InferenceRequest::new("local-model", vec![Message::user("hi")]);

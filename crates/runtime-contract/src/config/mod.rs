@@ -81,7 +81,12 @@ pub const MAX_STUCK_DUPLICATES: usize = 63;
 
 /// A configuration document that could not be loaded: what is wrong, and
 /// where (file, 1-based line and column) when known.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// `Debug` prints the same text as `Display`, so a `main` returning
+/// `Result<(), ConfigError>` (or `?` into `Box<dyn Error>`) reports
+/// `Error: agent.yaml: line 4, column 3: …` rather than a struct dump; the
+/// alternate form (`{:#?}`) shows the fields.
+#[derive(Clone, PartialEq, Eq)]
 pub struct ConfigError {
     message: String,
     line: Option<usize>,
@@ -195,6 +200,21 @@ impl fmt::Display for ConfigError {
             write!(f, "line {line}, column {column}: ")?;
         }
         f.write_str(&self.message)
+    }
+}
+
+impl fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if f.alternate() {
+            f.debug_struct("ConfigError")
+                .field("message", &self.message)
+                .field("line", &self.line)
+                .field("column", &self.column)
+                .field("path", &self.path)
+                .finish()
+        } else {
+            fmt::Display::fmt(self, f)
+        }
     }
 }
 
@@ -569,6 +589,21 @@ mod tests {
             e.to_string(),
             "line 4, column 3: stop condition #2 (timeout): unknown field `secondz`, expected `type` or `seconds`"
         );
+    }
+
+    #[test]
+    fn debug_reads_like_display_so_main_prints_the_message() {
+        let e = load_stop_conditions_yaml("- type: timeout\n  secondz: 5\n")
+            .unwrap_err()
+            .with_path(Path::new("stop.yaml"));
+        let shown = "stop.yaml: line 2, column 3: stop condition #1 (timeout): \
+                     unknown field `secondz`, expected `type` or `seconds`";
+        assert_eq!(e.to_string(), shown);
+        assert_eq!(format!("{e:?}"), shown);
+        assert_eq!(format!("{:?}", ConfigError::new("bad")), "bad");
+        let fields = format!("{e:#?}");
+        assert!(fields.starts_with("ConfigError {"), "{fields}");
+        assert!(fields.contains("line: Some(\n        2,"), "{fields}");
     }
 
     #[test]
