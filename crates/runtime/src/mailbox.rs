@@ -65,8 +65,20 @@ impl Mailbox {
         // Checks that need no lock fail fast, before queueing.
         self.inner.check(&request)?;
         let thread_id = request.thread_id.clone();
-        let lock = ThreadLock::new(&self.inner, &thread_id);
-        let _serial = lock.mutex().lock().await;
+        // Declared first, dropped last: after the lock's guard and this
+        // submission's reference to it are gone, also when the future is
+        // dropped.
+        let _cleanup = LockCleanup {
+            inner: &self.inner,
+            thread_id: &thread_id,
+        };
+        let lock = self
+            .inner
+            .mailbox_locks
+            .entry(thread_id.clone())
+            .or_default()
+            .clone();
+        let _serial = lock.lock().await;
         self.submit_serialized(request).await
     }
 
@@ -98,42 +110,23 @@ impl Mailbox {
     }
 }
 
-/// A reference to a thread's submission lock. Dropping it — when `submit`
-/// returns or its future is dropped — removes the lock's map entry once
-/// nobody else holds or awaits it.
-struct ThreadLock<'a> {
+/// Removes a thread's submission lock from the map once nobody holds or
+/// awaits it. Runs when `submit` returns or its future is dropped, after
+/// the submission's own reference to the lock is gone.
+struct LockCleanup<'a> {
     inner: &'a Inner,
     thread_id: &'a str,
-    mutex: Arc<tokio::sync::Mutex<()>>,
 }
 
-impl<'a> ThreadLock<'a> {
-    fn new(inner: &'a Inner, thread_id: &'a str) -> Self {
-        let mutex = inner
-            .mailbox_locks
-            .entry(thread_id.to_owned())
-            .or_default()
-            .clone();
-        Self {
-            inner,
-            thread_id,
-            mutex,
-        }
-    }
-
-    fn mutex(&self) -> &tokio::sync::Mutex<()> {
-        &self.mutex
-    }
-}
-
-impl Drop for ThreadLock<'_> {
+impl Drop for LockCleanup<'_> {
     fn drop(&mut self) {
-        // Two references are the map's and this one: nobody else holds or
-        // awaits the lock. The map's shard lock makes the count check and
-        // the removal atomic with respect to `new`.
-        self.inner.mailbox_locks.remove_if(self.thread_id, |_, l| {
-            Arc::ptr_eq(l, &self.mutex) && Arc::strong_count(l) == 2
-        });
+        // Every submitter drops its reference before it checks, so the
+        // last one to check sees only the map's. Anyone who cloned the lock
+        // since holds a second reference; the map's shard lock makes the
+        // check and the removal atomic with respect to that clone.
+        self.inner
+            .mailbox_locks
+            .remove_if(self.thread_id, |_, l| Arc::strong_count(l) == 1);
     }
 }
 
@@ -247,5 +240,36 @@ mod tests {
         drop(first);
         assert_eq!(runtime.inner_for_tests().mailbox_locks.len(), 0);
         drop(stuck);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_submitters_leave_no_lock_entry_behind() {
+        let model = ScriptedExecutor::from_fn(|_| ScriptedResponse::text("ok"));
+        let runtime = AgentRuntimeBuilder::new()
+            .with_agent_spec(AgentSpec::new("a").with_model_id("m"))
+            .with_model(ModelSpec::new("m", "p", "x"))
+            .with_provider("p", Arc::new(model))
+            .build()
+            .unwrap();
+        for round in 0..20 {
+            let mut tasks = Vec::new();
+            for i in 0..16 {
+                let mailbox = runtime.mailbox();
+                tasks.push(tokio::spawn(async move {
+                    let thread = format!("t{}", i % 3);
+                    let request = RunRequest::new(thread, vec![Message::user("go")]);
+                    let handle = mailbox.submit(request).await.unwrap();
+                    handle.wait().await.unwrap();
+                }));
+            }
+            for task in tasks {
+                task.await.unwrap();
+            }
+            assert_eq!(
+                runtime.inner_for_tests().mailbox_locks.len(),
+                0,
+                "round {round}"
+            );
+        }
     }
 }
