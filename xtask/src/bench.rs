@@ -59,10 +59,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
     let profile = if tiny { "dev" } else { "release" };
     crate::cargo(&["build", "--quiet", "--profile", profile, "-p", "rein-bench"])?;
     let dir = if tiny { "debug" } else { "release" };
-    let binary = crate::workspace_root()
-        .join("target")
-        .join(dir)
-        .join("rein-bench");
+    let binary = crate::target_dir().join(dir).join("rein-bench");
     let repeats = if tiny { 1 } else { 3 };
 
     let mut results: BTreeMap<(usize, String), (Vec<f64>, String)> = BTreeMap::new();

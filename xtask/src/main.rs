@@ -20,6 +20,116 @@ pub(crate) fn workspace_root() -> PathBuf {
         .unwrap_or_default()
 }
 
+/// Cargo's target directory for this workspace, as cargo itself resolves it
+/// (`CARGO_TARGET_DIR`, `build.target-dir` in a config file, or `target/`
+/// under the workspace root): asked of `cargo metadata`. Should that fail,
+/// `CARGO_TARGET_DIR` (relative to the current directory, as cargo reads
+/// it), else `target/` under the workspace root.
+pub(crate) fn target_dir() -> PathBuf {
+    if let Some(dir) = metadata_target_dir() {
+        return dir;
+    }
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => std::env::current_dir().unwrap_or_default().join(dir),
+        _ => workspace_root().join("target"),
+    }
+}
+
+/// `target_directory` from `cargo metadata --format-version 1 --no-deps`.
+fn metadata_target_dir() -> Option<PathBuf> {
+    let out = Command::new(cargo_program())
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--manifest-path",
+        ])
+        .arg(workspace_root().join("Cargo.toml"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    json_string_field(&String::from_utf8_lossy(&out.stdout), "target_directory").map(PathBuf::from)
+}
+
+/// The string value of `key` in a JSON text's top-level object.
+fn json_string_field(json: &str, key: &str) -> Option<String> {
+    let mut chars = json.chars();
+    let mut depth = 0usize;
+    // The last character outside strings that is not whitespace: a string
+    // right after `{` or `,` in the top-level object is one of its keys.
+    let mut last = ' ';
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                let s = json_string_rest(&mut chars)?;
+                if depth == 1 && matches!(last, '{' | ',') && s == key {
+                    let value = chars.as_str().trim_start().strip_prefix(':')?;
+                    let mut value = value.trim_start().strip_prefix('"')?.chars();
+                    return json_string_rest(&mut value);
+                }
+                last = '"';
+            }
+            '{' | '[' => {
+                depth += 1;
+                last = c;
+            }
+            '}' | ']' => {
+                depth = depth.checked_sub(1)?;
+                last = c;
+            }
+            c if c.is_whitespace() => {}
+            c => last = c,
+        }
+    }
+    None
+}
+
+/// Reads a JSON string whose opening quote is consumed, up to and including
+/// its closing quote, decoding escapes.
+fn json_string_rest(chars: &mut std::str::Chars<'_>) -> Option<String> {
+    let mut value = String::new();
+    loop {
+        match chars.next()? {
+            '"' => return Some(value),
+            '\\' => match chars.next()? {
+                'n' => value.push('\n'),
+                't' => value.push('\t'),
+                'r' => value.push('\r'),
+                'b' => value.push('\u{8}'),
+                'f' => value.push('\u{c}'),
+                'u' => {
+                    let unit = hex4(chars)?;
+                    if (0xD800..0xDC00).contains(&unit) {
+                        // A surrogate pair: `\uD8xx\uDCxx`.
+                        if chars.next()? != '\\' || chars.next()? != 'u' {
+                            return None;
+                        }
+                        let low = hex4(chars)?.checked_sub(0xDC00)?;
+                        value.push(char::from_u32(0x10000 + ((unit - 0xD800) << 10) + low)?);
+                    } else {
+                        value.push(char::from_u32(unit)?);
+                    }
+                }
+                other => value.push(other),
+            },
+            c => value.push(c),
+        }
+    }
+}
+
+fn hex4(chars: &mut std::str::Chars<'_>) -> Option<u32> {
+    let hex: String = chars.by_ref().take(4).collect();
+    u32::from_str_radix(&hex, 16).ok()
+}
+
+fn cargo_program() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
@@ -57,7 +167,7 @@ commands:
 pub(crate) fn cargo(args: &[&str]) -> Result<(), String> {
     let line = format!("cargo {}", args.join(" "));
     println!("xtask: running `{line}`");
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+    let status = Command::new(cargo_program())
         .args(args)
         .status()
         .map_err(|e| format!("could not start `{line}`: {e}"))?;
@@ -85,4 +195,20 @@ fn ci() -> Result<(), String> {
     bench::main(&["--tiny".to_owned()])?;
     println!("xtask: ci passed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_string_field;
+
+    #[test]
+    fn reads_a_json_string_field_with_escapes() {
+        let json = r#"{"packages":[{"metadata":{"target_directory":"no"},"d":"\"target_directory\":\"no\""}],
+            "target_directory" : "/a \"b\"\\c\u00e9\ud83d\ude00","version":1}"#;
+        assert_eq!(
+            json_string_field(json, "target_directory").as_deref(),
+            Some("/a \"b\"\\c\u{e9}\u{1f600}")
+        );
+        assert_eq!(json_string_field(json, "missing"), None);
+    }
 }
