@@ -4,7 +4,8 @@
 //!   `-D warnings`, every test of the workspace, and the doc tests.
 //! - `local-llm start|stop|status|install`: a local OpenAI-compatible model
 //!   server for the live tests (see `local_llm`).
-//! - `bench [NAME…] [--json PATH] [--tiny]`: the benchmark workloads (see `bench`).
+//! - `bench [NAME…] [--json PATH] [--tiny] [--timeout SECS]`: the benchmark
+//!   workloads (see `bench`).
 
 mod bench;
 mod local_llm;
@@ -158,10 +159,13 @@ commands:
   local-llm start [--port N]|stop|status|install
                                        a local model server for the live tests; start prints
                                        REIN_LLM_BASE_URL=<url> as its last line
-  bench [NAME...] [--json PATH] [--tiny]
-                                       release-mode benchmarks, median of 3 fresh processes;
-                                       names: rounds rounds_policies rounds_events concurrent cancel
-                                       cancel_open mailbox policies chanting";
+  bench [NAME...] [--json PATH] [--tiny] [--timeout SECS]
+                                       release-mode benchmarks, median of 3 fresh processes,
+                                       each killed after SECS (default 120); names: rounds
+                                       rounds_external rounds_policies rounds_events concurrent
+                                       cancel cancel_pause cancel_external cancel_external_pause
+                                       cancel_open mailbox mailbox_external policies chanting
+                                       chanting_spaces chanting_rules";
 
 /// Runs `cargo` with `args`, failing with the command line when it fails.
 pub(crate) fn cargo(args: &[&str]) -> Result<(), String> {
