@@ -74,9 +74,10 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
         .collect();
 
     let profile = if tiny { "dev" } else { "release" };
-    crate::cargo(&["build", "--quiet", "--profile", profile, "-p", "rein-bench"])?;
-    let dir = if tiny { "debug" } else { "release" };
-    let built = crate::target_dir().join(dir).join("rein-bench");
+    let built = crate::cargo_build_executable(
+        &["--quiet", "--profile", profile, "-p", "rein-bench"],
+        "rein-bench",
+    )?;
     // Run a private copy: a target directory shared with other checkouts
     // (CARGO_TARGET_DIR) may get another build of rein-bench meanwhile.
     let binary = std::env::temp_dir().join(format!("rein-bench-{}", std::process::id()));

@@ -21,43 +21,35 @@ pub(crate) fn workspace_root() -> PathBuf {
         .unwrap_or_default()
 }
 
-/// Cargo's target directory for this workspace, as cargo itself resolves it
-/// (`CARGO_TARGET_DIR`, `build.target-dir` in a config file, or `target/`
-/// under the workspace root): asked of `cargo metadata`. Should that fail,
-/// `CARGO_TARGET_DIR` (relative to the current directory, as cargo reads
-/// it), else `target/` under the workspace root.
-pub(crate) fn target_dir() -> PathBuf {
-    if let Some(dir) = metadata_target_dir() {
-        return dir;
-    }
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) if !dir.is_empty() => std::env::current_dir().unwrap_or_default().join(dir),
-        _ => workspace_root().join("target"),
-    }
-}
-
-/// `target_directory` from `cargo metadata --format-version 1 --no-deps`.
-fn metadata_target_dir() -> Option<PathBuf> {
+/// Builds with `cargo build ARGS` and returns the path of the executable
+/// `name` as cargo reports it (`--message-format=json`), so wherever cargo
+/// puts it — `CARGO_TARGET_DIR`, `build.target-dir` or `build.target` in a
+/// config file, a profile's own directory — is where it is run from.
+pub(crate) fn cargo_build_executable(args: &[&str], name: &str) -> Result<PathBuf, String> {
+    let line = format!("cargo build {}", args.join(" "));
+    println!("xtask: running `{line}`");
     let out = Command::new(cargo_program())
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--manifest-path",
-        ])
-        .arg(workspace_root().join("Cargo.toml"))
+        .arg("build")
+        .args(args)
+        .arg("--message-format=json-render-diagnostics")
         .stderr(std::process::Stdio::inherit())
         .output()
-        .ok()?;
+        .map_err(|e| format!("could not start `{line}`: {e}"))?;
     if !out.status.success() {
-        return None;
+        return Err(format!("`{line}` failed ({})", out.status));
     }
-    json_string_field(&String::from_utf8_lossy(&out.stdout), "target_directory").map(PathBuf::from)
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| json_string_field(l, "reason").as_deref() == Some("compiler-artifact"))
+        .filter_map(|l| json_string_field(l, "executable").map(PathBuf::from))
+        .rfind(|path| path.file_name().is_some_and(|f| f == name))
+        .ok_or_else(|| format!("`{line}` reported no executable named {name}"))
 }
 
 /// The string value of `key` in a JSON text's top-level object.
 fn json_string_field(json: &str, key: &str) -> Option<String> {
+    // Cargo's messages are one object per line; a string value is decoded,
+    // any other value (e.g. `null`) is `None`.
     let mut chars = json.chars();
     let mut depth = 0usize;
     // The last character outside strings that is not whitespace: a string
@@ -214,5 +206,11 @@ mod tests {
             Some("/a \"b\"\\c\u{e9}\u{1f600}")
         );
         assert_eq!(json_string_field(json, "missing"), None);
+        let artifact = r#"{"reason":"compiler-artifact","target":{"name":"x","executable":"no"},"executable":null}"#;
+        assert_eq!(
+            json_string_field(artifact, "reason").as_deref(),
+            Some("compiler-artifact")
+        );
+        assert_eq!(json_string_field(artifact, "executable"), None);
     }
 }
