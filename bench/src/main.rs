@@ -3,16 +3,21 @@
 //! `cargo xtask bench` builds this in release mode, runs each workload three
 //! times in fresh processes and reports the medians.
 //!
-//! Every workload uses a no-op tool (`{"ok": true, "value": 42}`) and a
-//! stateless `ScriptedExecutor::from_fn` model: with k tool results after the
-//! last user message it asks for one `noop` call while k < R and answers
-//! `"done"` after (usage 10 in / 5 out per call), so a run makes R + 1
-//! inferences and ends `NaturalEnd`. The tokio runtime is multi-threaded with
-//! two workers.
+//! Every workload uses an agent with a system prompt, a no-op tool with a
+//! parameter schema (`{"i": integer}`, returns `{"ok": true, "value": 42}`)
+//! and a stateless `ScriptedExecutor::from_fn` model: with k tool results
+//! after the last user message it asks for one `noop` call with arguments
+//! `{"i": k}` while k < R and answers `"done"` after (usage 10 in / 5 out per
+//! call), so a run makes R + 1 inferences and ends `NaturalEnd`. The tokio
+//! runtime is multi-threaded with two workers.
+//!
+//! Most workloads run as a task on one of the workers, as server code would;
+//! the `*_external` ones are driven from the thread that owns the runtime
+//! (`runtime.block_on(…)`, as `#[tokio::main]`, a CLI or a test does).
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rein::contract::inference::InferenceRequest;
@@ -21,13 +26,34 @@ use rein::detectors::ChantingDetector;
 use rein::policies::{StopDecision, StopPolicy, StopPolicyStats, policies_from_specs};
 use rein::prelude::*;
 
+/// The agent's system prompt.
+const SYSTEM_PROMPT: &str = "You are a benchmark agent. Call the noop tool once per round, \
+passing the round's index as `i`, until you have called it as often as asked; then answer \"done\".";
+
+/// The agent every workload uses: the system prompt, and `max_rounds` high
+/// enough that the guard never ends a benchmark run.
+fn spec() -> AgentSpec {
+    AgentSpec::new("bench")
+        .with_system_prompt(SYSTEM_PROMPT)
+        .with_max_rounds(1000)
+}
+
 /// The no-op tool.
 struct Noop;
 
 #[async_trait::async_trait]
 impl Tool for Noop {
     fn descriptor(&self) -> ToolDescriptor {
-        ToolDescriptor::new("noop", "does nothing")
+        ToolDescriptor::new("noop", "Does nothing; returns a small JSON object.").with_parameters(
+            serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "i": {"type": "integer", "minimum": 0, "description": "The round's index, from 0."}
+                },
+                "required": ["i"],
+                "additionalProperties": false
+            }),
+        )
     }
     async fn execute(
         &self,
@@ -50,11 +76,25 @@ fn tool_results_since_user(req: &InferenceRequest) -> usize {
         .count()
 }
 
-/// The stateless model: `rounds` no-op calls, then "done".
+/// Whether the request carries what the definition says the model is sent:
+/// the system prompt and the one tool with its schema.
+fn as_defined(req: &InferenceRequest) -> bool {
+    req.system.is_some() && req.tools.len() == 1 && req.tools[0].parameters["required"][0] == "i"
+}
+
+/// Set when the model was sent a request that is not as defined; `main`
+/// then fails the workload.
+static NOT_AS_DEFINED: AtomicBool = AtomicBool::new(false);
+
+/// The stateless model: `rounds` no-op calls with `{"i": k}`, then "done".
 fn model(rounds: usize, delay: Option<Duration>) -> ScriptedExecutor {
     ScriptedExecutor::from_fn(move |req| {
-        let response = if tool_results_since_user(req) < rounds {
-            ScriptedResponse::tool_call("noop", serde_json::json!({}))
+        if !as_defined(req) {
+            NOT_AS_DEFINED.store(true, Ordering::Relaxed);
+        }
+        let k = tool_results_since_user(req);
+        let response = if k < rounds {
+            ScriptedResponse::tool_call("noop", serde_json::json!({ "i": k }))
         } else {
             ScriptedResponse::text("done")
         };
@@ -140,7 +180,7 @@ impl EventSink for Counting {
 /// without, the runtime's default sink discards them unbuilt.
 async fn rounds(name: &str, with_policies: bool, events: bool, runs: usize) {
     const R: usize = 50;
-    let mut spec = AgentSpec::new("bench").with_max_rounds(1000);
+    let mut spec = spec();
     if with_policies {
         for s in seven_conditions() {
             spec = spec.with_stop_condition(s);
@@ -181,10 +221,8 @@ fn status_kb(field: &str) -> f64 {
 
 /// W2: `n` runs started at once on distinct threads, 5 rounds each, 1 ms per inference.
 async fn concurrent(n: usize) {
-    let runtime = runtime_with(
-        model(5, Some(Duration::from_millis(1))),
-        AgentSpec::new("bench").with_max_rounds(1000),
-    );
+    const R: usize = 5;
+    let runtime = runtime_with(model(R, Some(Duration::from_millis(1))), spec());
     let rss_before = status_kb("VmRSS:");
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(n);
@@ -196,7 +234,8 @@ async fn concurrent(n: usize) {
     }
     for task in tasks {
         match task.await {
-            Ok(Ok(r)) if r.termination == TerminationReason::NaturalEnd => {}
+            Ok(Ok(r))
+                if r.termination == TerminationReason::NaturalEnd && r.steps as usize == R + 1 => {}
             other => fail(&format!("concurrent: unexpected result {other:?}")),
         }
     }
@@ -218,11 +257,16 @@ async fn concurrent(n: usize) {
     );
 }
 
-/// W3 / W3a: latency of `cancel_and_wait_by_thread` on a run whose model never answers.
-async fn cancel(name: &str, before_stream: bool, trials: usize) {
+/// W3 / W3a: latency of `cancel_and_wait_by_thread` on a run whose model
+/// never answers, cancelled as soon as the model has been asked, or `pause`
+/// after that (by then the runtime's workers have gone idle).
+async fn cancel(name: &str, before_stream: bool, pause: Option<Duration>, trials: usize) {
     let opened = Arc::new(AtomicU64::new(0));
     let counter = opened.clone();
-    let executor = ScriptedExecutor::from_fn(move |_req| {
+    let executor = ScriptedExecutor::from_fn(move |req| {
+        if !as_defined(req) {
+            NOT_AS_DEFINED.store(true, Ordering::Relaxed);
+        }
         counter.fetch_add(1, Ordering::SeqCst);
         if before_stream {
             ScriptedResponse::text("never").with_delay(Duration::from_secs(3600))
@@ -230,7 +274,7 @@ async fn cancel(name: &str, before_stream: bool, trials: usize) {
             ScriptedResponse::stalled()
         }
     });
-    let runtime = runtime_with(executor, AgentSpec::new("bench"));
+    let runtime = runtime_with(executor, spec());
     let mailbox = runtime.mailbox();
     let mut latencies = Vec::with_capacity(trials);
     for i in 0..trials {
@@ -243,6 +287,9 @@ async fn cancel(name: &str, before_stream: bool, trials: usize) {
         // Wait until the model has been asked, so the run is blocked on it.
         while opened.load(Ordering::SeqCst) == seen {
             tokio::task::yield_now().await;
+        }
+        if let Some(pause) = pause {
+            tokio::time::sleep(pause).await;
         }
         let start = Instant::now();
         let released = runtime.cancel_and_wait_by_thread(&thread).await;
@@ -261,11 +308,8 @@ async fn cancel(name: &str, before_stream: bool, trials: usize) {
 }
 
 /// W4: `n` submissions back to back on one thread, each interrupting the last.
-async fn mailbox(n: usize) {
-    let runtime = runtime_with(
-        model(0, Some(Duration::from_millis(1))),
-        AgentSpec::new("bench"),
-    );
+async fn mailbox(name: &str, n: usize) {
+    let runtime = runtime_with(model(0, Some(Duration::from_millis(1))), spec());
     let mailbox = runtime.mailbox();
     let mut handles = Vec::with_capacity(n);
     let mut per_submit = Vec::with_capacity(n);
@@ -277,7 +321,7 @@ async fn mailbox(n: usize) {
             .await
         {
             Ok(h) => handles.push(h),
-            Err(e) => fail(&format!("mailbox: submission {i} failed: {e}")),
+            Err(e) => fail(&format!("{name}: submission {i} failed: {e}")),
         }
         per_submit.push(t.elapsed().as_secs_f64() * 1e6);
     }
@@ -301,19 +345,16 @@ async fn mailbox(n: usize) {
         stuck += 1;
     }
     let s = sorted(per_submit);
-    emit(
-        "mailbox",
-        "submissions_per_sec",
-        n as f64 / wall,
-        "submits/s",
-    );
-    emit("mailbox", "submit_p50", percentile(&s, 0.5), "us");
-    emit("mailbox", "submit_p99", percentile(&s, 0.99), "us");
-    emit("mailbox", "lost", lost as f64, "messages");
-    emit("mailbox", "duplicated", duplicated as f64, "messages");
-    emit("mailbox", "stuck", stuck as f64, "runs");
+    emit(name, "submissions_per_sec", n as f64 / wall, "submits/s");
+    emit(name, "submit_p50", percentile(&s, 0.5), "us");
+    emit(name, "submit_p99", percentile(&s, 0.99), "us");
+    emit(name, "lost", lost as f64, "messages");
+    emit(name, "duplicated", duplicated as f64, "messages");
+    emit(name, "stuck", stuck as f64, "runs");
     if lost + duplicated + stuck > 0 {
-        fail("mailbox: messages lost or duplicated, or runs stuck");
+        fail(&format!(
+            "{name}: messages lost or duplicated, or runs stuck"
+        ));
     }
 }
 
@@ -380,17 +421,43 @@ fn policies(iterations: usize) {
     );
 }
 
-/// W6: the chanting detector over a 1 MB streamed answer in 64-byte chunks.
-fn chanting(bytes: usize) {
-    let sentence = "Each sentence here is different: number ";
-    let mut text = String::with_capacity(bytes + 64);
-    let mut i = 0u64;
-    while text.len() < bytes {
-        text.push_str(sentence);
-        text.push_str(&i.to_string());
-        text.push_str(". ");
-        i += 1;
-    }
+/// What W6 feeds the chanting detector.
+#[derive(Clone, Copy)]
+enum Answer {
+    /// Ordinary text: distinct numbered sentences.
+    Text,
+    /// Spaces only, no newline.
+    Spaces,
+    /// `=` and `-` rule characters only, no newline.
+    Rules,
+}
+
+/// W6: the chanting detector over a `bytes`-long streamed answer in 64-byte
+/// chunks; ns per byte. Ordinary text must not be flagged; for the others
+/// the number of chunks flagged is reported.
+fn chanting(name: &str, answer: Answer, bytes: usize) {
+    let text = match answer {
+        Answer::Text => {
+            let sentence = "Each sentence here is different: number ";
+            let mut text = String::with_capacity(bytes + 64);
+            let mut i = 0u64;
+            while text.len() < bytes {
+                text.push_str(sentence);
+                text.push_str(&i.to_string());
+                text.push_str(". ");
+                i += 1;
+            }
+            text
+        }
+        Answer::Spaces => " ".repeat(bytes),
+        Answer::Rules => "="
+            .repeat(32)
+            .chars()
+            .chain("-".repeat(32).chars())
+            .cycle()
+            .take(bytes)
+            .collect(),
+    };
     let chunks: Vec<&str> = text
         .as_bytes()
         .chunks(64)
@@ -399,14 +466,20 @@ fn chanting(bytes: usize) {
     let Some(mut detector) = ChantingDetector::new(50, 10, OnDetect::Stop) else {
         fail("chanting: the detector is disabled")
     };
+    let mut flagged = 0u64;
     let start = Instant::now();
     for c in &chunks {
         if detector.observe(std::hint::black_box(c)).is_some() {
-            fail("chanting: varied text was flagged");
+            flagged += 1;
         }
     }
     let ns = start.elapsed().as_secs_f64() * 1e9 / text.len() as f64;
-    emit("chanting", "per_byte", ns, "ns");
+    emit(name, "per_byte", ns, "ns");
+    match answer {
+        Answer::Text if flagged > 0 => fail(&format!("{name}: varied text was flagged")),
+        Answer::Text => {}
+        Answer::Spaces | Answer::Rules => emit(name, "flagged_chunks", flagged as f64, "chunks"),
+    }
 }
 
 /// Runs the workload as a task on one of the two workers, as server code
@@ -420,13 +493,23 @@ fn on_worker<F: std::future::Future<Output = ()> + Send + 'static>(
     }
 }
 
+/// Runs the workload on the thread that owns the runtime, as
+/// `#[tokio::main]`, a CLI or a test does: the runtime's workers run the
+/// runs, and this thread parks in `block_on` whenever it waits.
+fn external<F: std::future::Future<Output = ()>>(rt: &tokio::runtime::Runtime, workload: F) {
+    rt.block_on(workload);
+}
+
+/// The workloads `rein-bench` knows, in the order `cargo xtask bench` runs them.
+const USAGE: &str = "usage: rein-bench <rounds|rounds_external|rounds_policies|rounds_events|concurrent|\
+cancel|cancel_pause|cancel_external|cancel_external_pause|cancel_open|mailbox|mailbox_external|\
+policies|chanting|chanting_spaces|chanting_rules> [--tiny]";
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let tiny = args.iter().any(|a| a == "--tiny");
     let Some(workload) = args.iter().find(|a| !a.starts_with("--")) else {
-        fail(
-            "usage: rein-bench <rounds|rounds_policies|concurrent|cancel|cancel_open|mailbox|policies|chanting> [--tiny]",
-        )
+        fail(USAGE)
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -434,16 +517,34 @@ fn main() {
         .build()
         .unwrap_or_else(|e| fail(&format!("cannot start tokio: {e}")));
     let scale = |full: usize, small: usize| if tiny { small } else { full };
+    let ms = Some(Duration::from_millis(1));
     match workload.as_str() {
         "rounds" => on_worker(&rt, rounds("rounds", false, false, scale(200, 2))),
+        "rounds_external" => external(&rt, rounds("rounds_external", false, false, scale(200, 2))),
         "rounds_policies" => on_worker(&rt, rounds("rounds_policies", true, false, scale(200, 2))),
         "rounds_events" => on_worker(&rt, rounds("rounds_events", false, true, scale(200, 2))),
         "concurrent" => on_worker(&rt, concurrent(scale(10_000, 20))),
-        "cancel" => on_worker(&rt, cancel("cancel", false, scale(1000, 5))),
-        "cancel_open" => on_worker(&rt, cancel("cancel_open", true, scale(1000, 5))),
-        "mailbox" => on_worker(&rt, mailbox(scale(1000, 10))),
+        "cancel" => on_worker(&rt, cancel("cancel", false, None, scale(1000, 5))),
+        "cancel_pause" => on_worker(&rt, cancel("cancel_pause", false, ms, scale(1000, 5))),
+        "cancel_external" => external(&rt, cancel("cancel_external", false, None, scale(1000, 5))),
+        "cancel_external_pause" => external(
+            &rt,
+            cancel("cancel_external_pause", false, ms, scale(1000, 5)),
+        ),
+        "cancel_open" => on_worker(&rt, cancel("cancel_open", true, None, scale(1000, 5))),
+        "mailbox" => on_worker(&rt, mailbox("mailbox", scale(1000, 10))),
+        "mailbox_external" => external(&rt, mailbox("mailbox_external", scale(1000, 10))),
         "policies" => policies(scale(1_000_000, 100)),
-        "chanting" => chanting(scale(1 << 20, 4096)),
-        other => fail(&format!("unknown workload \"{other}\"")),
+        "chanting" => chanting("chanting", Answer::Text, scale(1 << 20, 4096)),
+        // Tiny: small enough that a detector quadratic on these inputs
+        // cannot hang CI.
+        "chanting_spaces" => chanting("chanting_spaces", Answer::Spaces, scale(1 << 20, 2048)),
+        "chanting_rules" => chanting("chanting_rules", Answer::Rules, scale(1 << 20, 2048)),
+        other => fail(&format!("unknown workload \"{other}\"\n{USAGE}")),
+    }
+    if NOT_AS_DEFINED.load(Ordering::Relaxed) {
+        fail(&format!(
+            "{workload}: the model was sent a request without the system prompt or the tool's schema"
+        ));
     }
 }

@@ -2,21 +2,33 @@
 //! `bench/` in release mode, runs each three times in fresh processes and
 //! prints the median of every metric as `NAME metric value unit`.
 //! `--tiny` runs each once at a tiny size (CI uses it so they cannot rot).
+//! A workload process that runs longer than `--timeout SECS` (default 120)
+//! is killed and reported as failed; the others still run and are reported.
 
 use std::collections::BTreeMap;
-use std::process::Command;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-/// The workloads, in order, with their names in the table.
-pub(crate) const WORKLOADS: [(&str, &str); 9] = [
+/// The workloads, in order, with their names in the table
+/// (`external`: driven from the thread that owns the runtime, not a worker).
+pub(crate) const WORKLOADS: [(&str, &str); 16] = [
     ("rounds", "W1"),
+    ("rounds_external", "W1 external"),
     ("rounds_policies", "W1b"),
     ("rounds_events", "W1 with an event sink"),
     ("concurrent", "W2"),
     ("cancel", "W3"),
+    ("cancel_pause", "W3 with a 1 ms pause"),
+    ("cancel_external", "W3 external"),
+    ("cancel_external_pause", "W3 external with a 1 ms pause"),
     ("cancel_open", "W3a"),
     ("mailbox", "W4"),
+    ("mailbox_external", "W4 external"),
     ("policies", "W5"),
     ("chanting", "W6"),
+    ("chanting_spaces", "W6 on spaces"),
+    ("chanting_rules", "W6 on rule characters"),
 ];
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -26,16 +38,21 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 pub(crate) fn main(args: &[String]) -> Result<(), String> {
     let tiny = args.iter().any(|a| a == "--tiny");
-    let json = args
-        .windows(2)
-        .find(|w| w[0] == "--json")
-        .map(|w| w[1].clone());
+    let option = |name: &str| args.windows(2).find(|w| w[0] == name).map(|w| w[1].clone());
+    let json = option("--json");
+    let timeout = match option("--timeout") {
+        Some(t) => Duration::from_secs(
+            t.parse()
+                .map_err(|_| format!("--timeout takes seconds, not \"{t}\""))?,
+        ),
+        None => Duration::from_secs(120),
+    };
     let mut names: Vec<String> = Vec::new();
     let mut skip_next = false;
     for a in args {
         if skip_next {
             skip_next = false;
-        } else if a == "--json" {
+        } else if a == "--json" || a == "--timeout" {
             skip_next = true;
         } else if !a.starts_with("--") {
             names.push(a.clone());
@@ -57,32 +74,53 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
         .collect();
 
     let profile = if tiny { "dev" } else { "release" };
-    crate::cargo(&["build", "--quiet", "--profile", profile, "-p", "rein-bench"])?;
-    let dir = if tiny { "debug" } else { "release" };
-    let binary = crate::workspace_root()
-        .join("target")
-        .join(dir)
-        .join("rein-bench");
+    let built = crate::cargo_build_executable(
+        &["--quiet", "--profile", profile, "-p", "rein-bench"],
+        "rein-bench",
+    )?;
+    // Run a private copy: a target directory shared with other checkouts
+    // (CARGO_TARGET_DIR) may get another build of rein-bench meanwhile.
+    let binary = std::env::temp_dir().join(format!("rein-bench-{}", std::process::id()));
+    std::fs::copy(&built, &binary).map_err(|e| {
+        format!(
+            "cannot copy {} to {}: {e}",
+            built.display(),
+            binary.display()
+        )
+    })?;
+    let result = run_all(&binary, &selected, tiny, timeout, json);
+    let _ = std::fs::remove_file(&binary);
+    result
+}
+
+/// Runs the selected workloads with `binary` and reports their medians.
+fn run_all(
+    binary: &std::path::Path,
+    selected: &[&str],
+    tiny: bool,
+    timeout: Duration,
+    json: Option<String>,
+) -> Result<(), String> {
     let repeats = if tiny { 1 } else { 3 };
 
     let mut results: BTreeMap<(usize, String), (Vec<f64>, String)> = BTreeMap::new();
+    let mut failed = Vec::new();
     for (order, workload) in selected.iter().enumerate() {
         for _ in 0..repeats {
-            let mut cmd = Command::new(&binary);
+            let mut cmd = Command::new(binary);
             cmd.arg(workload);
             if tiny {
                 cmd.arg("--tiny");
             }
-            let out = cmd
-                .output()
-                .map_err(|e| format!("could not run {}: {e}", binary.display()))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "workload {workload} failed: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
-            }
-            for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let stdout = match run_bounded(cmd, timeout) {
+                Ok(stdout) => stdout,
+                Err(e) => {
+                    eprintln!("xtask: workload {workload} failed: {e}");
+                    failed.push(*workload);
+                    break;
+                }
+            };
+            for line in stdout.lines() {
                 let parts: Vec<&str> = line.split_whitespace().collect();
                 let [name, metric, value, unit] = parts[..] else {
                     continue;
@@ -111,5 +149,62 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
             .map_err(|e| format!("cannot write {path}: {e}"))?;
         eprintln!("xtask: wrote {path}");
     }
-    Ok(())
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("workloads failed: {}", failed.join(", ")))
+    }
+}
+
+/// Runs `cmd` and returns its standard output, or an error with its standard
+/// error when it fails, or when it runs longer than `timeout` (it is then
+/// killed).
+fn run_bounded(mut cmd: Command, timeout: Duration) -> Result<String, String> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("could not run {cmd:?}: {e}"))?;
+    // Drain both pipes on their own threads so a chatty child never blocks.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if start.elapsed() >= timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(format!("could not wait for {cmd:?}: {e}")),
+        }
+    };
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    match status {
+        None => Err(format!("killed after {} s (--timeout)", timeout.as_secs())),
+        Some(status) if status.success() => Ok(stdout),
+        Some(status) => Err(format!("{status}: {}", stderr.trim())),
+    }
 }
