@@ -121,14 +121,16 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         thread_id: run.id.thread_id.clone(),
         agent_id: run.id.agent_id.clone(),
     });
-    let reason = match run.start(input).await {
+    // `start` and `finish` are boxed: each runs once, and keeping their
+    // state out of this future makes every waiting run ~1 KB smaller.
+    let reason = match Box::pin(run.start(input)).await {
         Ok(()) => run.rounds().await,
         Err(reason) => reason,
     };
     // Work has stopped; a deadline passing now must not turn the reason
     // into a cancellation.
     drop(watchdog);
-    run.finish(reason).await
+    Box::pin(run.finish(reason)).await
 }
 
 /// How one inference attempt ended.
@@ -371,7 +373,11 @@ impl Run {
                     }
                 }
                 Inference::Done(response) => {
-                    if let Some(reason) = self.after_inference(response).await {
+                    // Boxed, like `start` and `finish` in `execute`: the
+                    // state of a round's tool calls is large and live only
+                    // while they are handled, so it stays out of the future
+                    // every waiting run holds (W2 in docs/performance.md).
+                    if let Some(reason) = Box::pin(self.after_inference(response)).await {
                         return reason;
                     }
                 }
@@ -379,7 +385,7 @@ impl Run {
                     // Calls of a cut answer are incomplete; they are not run.
                     partial.tool_calls.clear();
                     self.apply_verdict(verdict);
-                    if let Some(reason) = self.after_inference(partial).await {
+                    if let Some(reason) = Box::pin(self.after_inference(partial)).await {
                         return reason;
                     }
                 }
