@@ -490,3 +490,109 @@ async fn progress_belongs_to_the_session_and_never_follows_a_runs_run_finished()
     }
     assert_eq!(r.rounds, 2);
 }
+
+#[tokio::test]
+async fn a_loop_detector_stop_ends_the_session_instead_of_starting_fresh_detectors() {
+    let model = Arc::new(
+        ScriptedExecutor::new(vec![ScriptedResponse::tool_call("echo", json!({"q": 1}))])
+            .repeat_last(),
+    );
+    let runtime = AgentRuntimeBuilder::new()
+        .with_agent_spec(spec().with_model_id("m").with_stop_condition(
+            StopConditionSpec::ToolCallLoop {
+                threshold: 3,
+                max_cycle: 1,
+                on_detect: rein::contract::lifecycle::OnDetect::Stop,
+            },
+        ))
+        .with_model(ModelSpec::new("m", "p", "x"))
+        .with_provider("p", model.clone())
+        .with_tool("echo", Arc::new(Echo("echo")))
+        .build()
+        .unwrap();
+    let r = runtime
+        .auto_run(user("t", "go"), None, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(r.rounds, 1, "{}", r.stop_reason);
+    assert!(
+        r.stop_reason
+            .starts_with("loop detected (tool_call_loop): the tool call cycle [echo]"),
+        "{}",
+        r.stop_reason
+    );
+    // Three calls and the model was asked three times: not ceiling × threshold.
+    assert_eq!(r.runs[0].steps, 3);
+}
+
+#[tokio::test]
+async fn the_same_answer_every_round_is_nudged_then_stops_the_session() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let model = ScriptedExecutor::from_fn(move |req| {
+        log.lock()
+            .unwrap()
+            .push(req.messages.last().unwrap().content.clone());
+        ScriptedResponse::text("I am still working on it.")
+    });
+    let runtime = builder_with(model, spec()).build().unwrap();
+    let sink = Arc::new(CollectingSink::new());
+    let r = runtime
+        .auto_run(user("t", "go"), None, sink.clone())
+        .await
+        .unwrap();
+    // Round 3 repeats two earlier answers: round 4 is nudged; round 4
+    // repeats again: the session stops.
+    assert_eq!(r.rounds, 4, "{}", r.stop_reason);
+    assert!(
+        r.stop_reason
+            .starts_with("stuck across rounds: the round's answer repeated 3 earlier"),
+        "{}",
+        r.stop_reason
+    );
+    let seen = seen.lock().unwrap();
+    assert!(
+        seen[3].ends_with(rein::detectors::STUCK_NUDGE),
+        "{}",
+        seen[3]
+    );
+    assert!(!seen[2].contains(rein::detectors::STUCK_NUDGE));
+    assert!(
+        progress_messages(&sink)
+            .iter()
+            .any(|m| m.starts_with("auto-run nudge: Observed duplicate responses"))
+    );
+}
+
+#[tokio::test]
+async fn the_agents_stuck_setting_applies_across_rounds_and_zero_disables_it() {
+    let model = ScriptedExecutor::from_fn(|_| ScriptedResponse::text("same"));
+    let runtime = builder_with(
+        model,
+        spec().with_stop_condition(StopConditionSpec::Stuck { duplicates: 0 }),
+    )
+    .with_auto_round_ceiling(6)
+    .build()
+    .unwrap();
+    let r = runtime
+        .auto_run(user("t", "go"), None, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "max rounds reached (6)");
+    let model = ScriptedExecutor::from_fn(|_| ScriptedResponse::text("same"));
+    let runtime = builder_with(
+        model,
+        spec().with_stop_condition(StopConditionSpec::Stuck { duplicates: 1 }),
+    )
+    .build()
+    .unwrap();
+    let r = runtime
+        .auto_run(user("t", "go"), None, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.rounds, 3,
+        "nudged after round 2, stopped after round 3: {}",
+        r.stop_reason
+    );
+}

@@ -15,6 +15,7 @@ use rein_runtime_contract::CancellationToken;
 use rein_runtime_contract::event::{AgentEvent, CancelCause, EventSink};
 use rein_runtime_contract::lifecycle::TerminationReason;
 use rein_runtime_contract::message::{Message, TokenUsage};
+use rein_runtime_contract::spec::AgentSpec;
 use tracing::Instrument;
 
 use crate::active_runs::{ActiveRunRegistry, CURRENT_RUN, RunControl};
@@ -490,6 +491,18 @@ impl AgentRuntime {
                 Vec::new()
             }
         }
+    }
+
+    /// The spec of the agent a request names (`Some(id)`), or of the only
+    /// agent (`None`, as a request without an agent id runs); `None` when
+    /// there is no such agent.
+    pub fn agent_spec(&self, agent_id: Option<&str>) -> Option<&AgentSpec> {
+        let agent = match agent_id {
+            Some(id) => self.inner.agents.get(id)?,
+            None if self.inner.agents.len() == 1 => self.inner.agents.values().next()?,
+            None => return None,
+        };
+        Some(&agent.spec)
     }
 
     /// Whether a run holds the thread's slot now.

@@ -8,6 +8,8 @@
 //! | check | `stop_reason` |
 //! |---|---|
 //! | the round was cancelled / failed | `cancelled` / `run error: <message>` |
+//! | a loop detector stopped the round | `loop detected (<code>): <detail>` |
+//! | the round's answer repeated earlier rounds' answers again after a nudge | `stuck across rounds: <detail>` |
 //! | the guardrail blocks | `guardrail blocking` |
 //! | rounds ≥ the ceiling (20 by default; builder only) | `max rounds reached (N)` |
 //! | `strictHeuristics` and the answer reports a failure | `failure heuristic matched` |
@@ -53,6 +55,7 @@
 
 mod heuristics;
 mod metrics;
+mod monologue;
 mod policy;
 pub(crate) mod session;
 
@@ -71,9 +74,23 @@ use rein_runtime_contract::lifecycle::TerminationReason;
 use rein_runtime_contract::message::Message;
 
 use crate::builder::AgentRuntimeBuilder;
+use crate::detectors::STUCK_NUDGE;
 use crate::run::{AgentRunResult, RunRequest};
 use crate::runtime::{AgentRuntime, RuntimeError};
+use monologue::{Monologue, Repeat};
+use rein_runtime_contract::lifecycle::StopConditionSpec;
 use session::{Session, SessionObserver, Sessions};
+
+/// The stop codes of the loop detectors. A round that one of them stops
+/// ends the session (`loop detected (<code>): <detail>`): the next round
+/// would start with fresh detectors and repeat the loop.
+pub const LOOP_STOP_CODES: [&str; 5] = [
+    "tool_call_loop",
+    "tool_call_cycle",
+    "tool_error_loop",
+    "content_chanting",
+    "stuck",
+];
 
 /// The default hard ceiling on rounds per `auto_run`.
 pub const DEFAULT_AUTO_ROUND_CEILING: u32 = 20;
@@ -168,12 +185,19 @@ pub(crate) fn decide(
     round: u32,
     ceiling: u32,
     guardrail: Option<&str>,
+    monologue: Option<&str>,
 ) -> Decision {
     let stop = |s: String| Decision::Stop(s);
     match &result.termination {
         TerminationReason::Cancelled => return stop("cancelled".into()),
         TerminationReason::Error(m) => return stop(format!("run error: {m}")),
+        TerminationReason::Stopped(r) if LOOP_STOP_CODES.contains(&r.code.as_str()) => {
+            return stop(format!("loop detected ({}): {}", r.code, r.detail));
+        }
         _ => {}
+    }
+    if let Some(detail) = monologue {
+        return stop(format!("stuck across rounds: {detail}"));
     }
     if guardrail.is_some() {
         return stop("guardrail blocking".into());
@@ -338,6 +362,7 @@ impl AgentRuntime {
             thread_id: &thread,
             max_tokens: policy.as_ref().and_then(|p| p.max_tokens),
         };
+        let mut monologue = Monologue::new(self.stuck_duplicates(request.agent_id.as_deref()));
         let mut runs: Vec<AgentRunResult> = Vec::new();
         let mut round_request = request.clone().with_cancellation(token.clone());
         loop {
@@ -379,6 +404,11 @@ impl AgentRuntime {
                     session.tokens,
                 );
             }
+            let repeat = monologue.observe(&result.response);
+            let stuck = match &repeat {
+                Repeat::Stop(detail) => Some(detail.as_str()),
+                Repeat::No | Repeat::Nudge => None,
+            };
             match decide(
                 &result,
                 &session,
@@ -386,13 +416,23 @@ impl AgentRuntime {
                 round,
                 ceiling,
                 blocked.as_deref(),
+                stuck,
             ) {
                 Decision::Stop(stop_reason) => {
                     runs.push(result);
                     return Ok(report.stop(stop_reason, runs, session.tokens));
                 }
                 Decision::Replan => {
-                    let text = continuation(policy.as_ref(), &session, round + 1, ceiling);
+                    let mut text = continuation(policy.as_ref(), &session, round + 1, ceiling);
+                    if repeat == Repeat::Nudge {
+                        report.progress(
+                            Some(&result),
+                            format!("auto-run nudge: {STUCK_NUDGE}"),
+                            session.tokens,
+                        );
+                        text.push(' ');
+                        text.push_str(STUCK_NUDGE);
+                    }
                     round_request = request.clone().with_cancellation(token.clone());
                     round_request.messages = vec![Message::user(text)];
                     round_request.tool_choice = None;
@@ -400,6 +440,19 @@ impl AgentRuntime {
                 }
             }
         }
+    }
+
+    /// The agent's `stuck` setting (its first `stuck` stop condition), 2
+    /// when it lists none: the cross-round rule uses the same count.
+    fn stuck_duplicates(&self, agent_id: Option<&str>) -> usize {
+        self.agent_spec(agent_id)
+            .and_then(|spec| {
+                spec.stop_conditions.iter().find_map(|c| match c {
+                    StopConditionSpec::Stuck { duplicates } => Some(*duplicates),
+                    _ => None,
+                })
+            })
+            .unwrap_or(2)
     }
 
     /// Auto mode's state on this runtime, created (with its observer) on
@@ -434,6 +487,49 @@ impl AgentRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `decide` for a round whose answer repeats nothing.
+    fn decide(
+        result: &AgentRunResult,
+        session: &Session,
+        policy: Option<&AutomationPolicy>,
+        round: u32,
+        ceiling: u32,
+        guardrail: Option<&str>,
+    ) -> Decision {
+        super::decide(result, session, policy, round, ceiling, guardrail, None)
+    }
+
+    #[test]
+    fn a_loop_detector_stop_or_a_monologue_ends_the_session_first() {
+        let s = session(vec![], 0);
+        for code in LOOP_STOP_CODES {
+            let looped = round(
+                TerminationReason::stopped(code, "the same call 5 times"),
+                "",
+            );
+            assert_eq!(
+                decide(&looped, &s, None, 1, 20, None),
+                stop(&format!("loop detected ({code}): the same call 5 times"))
+            );
+        }
+        // Other stops (a goal, terminate, max_rounds) are not loops.
+        let max = round(TerminationReason::stopped("max_rounds", "16 rounds"), "");
+        assert_eq!(decide(&max, &s, None, 1, 20, None), Decision::Replan);
+        assert_eq!(
+            super::decide(
+                &natural("same"),
+                &s,
+                None,
+                1,
+                20,
+                Some("x"),
+                Some("repeated")
+            ),
+            stop("stuck across rounds: repeated"),
+            "before the guardrail"
+        );
+    }
     use rein_runtime_contract::message::TokenUsage;
     use std::collections::BTreeMap;
 
