@@ -2,7 +2,8 @@
 //! errors, HTTP statuses and bodies, `Retry-After` headers, transport
 //! failures and in-stream error events, turned into [`InferenceError`]s of
 //! the right [`InferenceErrorKind`], with the provider's body quoted as a
-//! short one-line snippet.
+//! short one-line snippet (for a context overflow, the provider's message
+//! and token numbers; recognising one is `overflow`'s job).
 //!
 //! It does not own when errors happen or what is retried: the executor
 //! (`mod.rs`) and the stream (`stream.rs`) say which [`Phase`] failed, and
@@ -11,6 +12,8 @@
 use std::time::{Duration, SystemTime};
 
 use rein_runtime_contract::inference::{InferenceError, InferenceErrorKind};
+
+use super::overflow::context_overflow;
 
 /// Longest provider body quoted in an error message, in characters.
 const SNIPPET_CHARS: usize = 300;
@@ -25,14 +28,22 @@ pub(super) enum Phase {
 /// Classifies an HTTP failure from its status, body and `Retry-After`.
 ///
 /// 429 → rate limited; 503/529 → overloaded; 408/504 → timeout; other 5xx →
-/// server; 400/422 (and 413) mentioning the context length → context
-/// overflow; 400/422 → invalid request; 401/403 → unauthorized; 404 → not
-/// found; anything else, or no status → other.
+/// server; 400/422 (and 413) whose body says the prompt is over the context
+/// window (see [`context_overflow`]) → context overflow, its message the
+/// provider's own with the token numbers the body gave; 400/422 → invalid
+/// request; 401/403 → unauthorized; 404 → not found; anything else, or no
+/// status → other.
 pub(super) fn classify(
     status: Option<u16>,
     body: &str,
     retry_after: Option<Duration>,
 ) -> InferenceError {
+    if let Some(status @ (400 | 413 | 422)) = status
+        && let Some(overflow) = context_overflow(body)
+    {
+        let text = overflow.describe().unwrap_or_else(|| snippet(body));
+        return InferenceError::context_overflow(format!("HTTP {status}: {text}"));
+    }
     let quoted = snippet(body);
     let Some(status) = status else {
         let message = if quoted.is_empty() {
@@ -52,30 +63,11 @@ pub(super) fn classify(
         503 | 529 => InferenceError::overloaded(message),
         408 | 504 => InferenceError::timeout(message),
         500..=599 => InferenceError::server(message),
-        400 | 413 | 422 if mentions_context_overflow(body) => {
-            InferenceError::context_overflow(message)
-        }
         400 | 422 => InferenceError::invalid_request(message),
         401 | 403 => InferenceError::unauthorized(message),
         404 => InferenceError::not_found(message),
         _ => InferenceError::new(InferenceErrorKind::Other, message),
     }
-}
-
-/// Whether a provider's error body says the prompt is over the context window.
-fn mentions_context_overflow(body: &str) -> bool {
-    const PHRASES: [&str; 8] = [
-        "context_length_exceeded",
-        "context length",
-        "context window",
-        "context_window",
-        "too many tokens",
-        "prompt is too long",
-        "input is too long",
-        "input token count",
-    ];
-    let body = body.to_lowercase();
-    PHRASES.iter().any(|phrase| body.contains(phrase))
 }
 
 /// The delay a `Retry-After` header asks for, in either of RFC 9110's
@@ -244,14 +236,20 @@ fn error_chain(error: &(dyn std::error::Error + 'static), cause: &str) -> String
 /// Classifies an error event inside a 200 stream (e.g. Anthropic's
 /// `overloaded_error`, OpenAI's `server_error`) from its body.
 pub(super) fn classify_error_event(body: &str) -> InferenceError {
+    let overflow = context_overflow(body);
+    if let Some(overflow) = overflow.as_ref().filter(|overflow| overflow.by_field) {
+        let text = overflow.describe().unwrap_or_else(|| snippet(body));
+        return InferenceError::context_overflow(format!("provider error event: {text}"));
+    }
     let message = format!("provider error event: {}", snippet(body));
     let lower = body.to_lowercase();
     if lower.contains("overloaded") {
         InferenceError::overloaded(message)
     } else if lower.contains("rate_limit") || lower.contains("rate limit") {
         InferenceError::rate_limited(message, None)
-    } else if mentions_context_overflow(&lower) {
-        InferenceError::context_overflow(message)
+    } else if let Some(overflow) = overflow {
+        let text = overflow.describe().unwrap_or_else(|| snippet(body));
+        InferenceError::context_overflow(format!("provider error event: {text}"))
     } else if lower.contains("invalid_request") {
         InferenceError::invalid_request(message)
     } else if lower.contains("authentication") || lower.contains("permission") {
@@ -338,6 +336,52 @@ mod tests {
     }
 
     #[test]
+    fn every_providers_context_length_400_is_a_context_overflow() {
+        use crate::genai_executor::overflow::tests::{LLAMA_CPP_PYTHON, LLAMA_SERVER};
+        let rows = [
+            (
+                LLAMA_SERVER,
+                "HTTP 400: request (4476 tokens) exceeds the available context size (4096 tokens), \
+                 try increasing it (prompt 4476 tokens, context 4096 tokens)",
+            ),
+            (
+                LLAMA_CPP_PYTHON,
+                "HTTP 400: This model's maximum context length is 2048 tokens. However, you \
+                 requested 4018 tokens (4010 in the messages, 8 in the completion). Please reduce \
+                 the length of the messages or completion.",
+            ),
+            (
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 208000 tokens > 200000 maximum"}}"#,
+                "HTTP 400: prompt is too long: 208000 tokens > 200000 maximum",
+            ),
+            (
+                r#"{"error":{"code":400,"message":"The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}"#,
+                "HTTP 400: The input token count (1200000) exceeds the maximum number of tokens \
+                 allowed (1048576).",
+            ),
+        ];
+        for (body, message) in rows {
+            let error = classify(Some(400), body, None);
+            assert_eq!(error.kind(), InferenceErrorKind::ContextOverflow, "{body}");
+            assert!(!error.is_retryable());
+            assert_eq!(error.message(), message);
+        }
+        // Only client-error statuses can be an overflow.
+        assert_eq!(
+            classify(Some(500), LLAMA_SERVER, None).kind(),
+            InferenceErrorKind::Server
+        );
+    }
+
+    #[test]
+    fn a_plain_invalid_request_400_stays_an_invalid_request() {
+        let body = r#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Field required"}}"#;
+        let error = classify(Some(400), body, None);
+        assert_eq!(error.kind(), InferenceErrorKind::InvalidRequest);
+        assert_eq!(error.message(), format!("HTTP 400: {body}"));
+    }
+
+    #[test]
     fn classify_keeps_retry_after_status_and_a_trimmed_body() {
         let error = classify(
             Some(429),
@@ -413,6 +457,14 @@ mod tests {
             ),
             (r#"{"type":"rate_limit_error"}"#, K::RateLimited),
             (r#"{"code":"context_length_exceeded"}"#, K::ContextOverflow),
+            (
+                r#"{"error":{"code":400,"type":"exceed_context_size_error","message":"request (10 tokens) exceeds the available context size (8 tokens), try increasing it","n_prompt_tokens":10,"n_ctx":8}}"#,
+                K::ContextOverflow,
+            ),
+            (
+                r#"{"type":"invalid_request_error","message":"prompt is too long: 208000 tokens > 200000 maximum"}"#,
+                K::ContextOverflow,
+            ),
             (r#"{"type":"invalid_request_error"}"#, K::InvalidRequest),
             (r#"{"type":"authentication_error"}"#, K::Unauthorized),
             (
@@ -423,6 +475,12 @@ mod tests {
         for (body, kind) in cases {
             assert_eq!(classify_error_event(body).kind(), kind, "{body}");
         }
+        let event = classify_error_event(cases[3].0);
+        assert_eq!(
+            event.message(),
+            "provider error event: request (10 tokens) exceeds the available context size \
+             (8 tokens), try increasing it (prompt 10 tokens, context 8 tokens)"
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 mod errors;
 mod mapping;
+mod overflow;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -96,7 +97,10 @@ const PLACEHOLDER_API_KEY: &str = "rein-local";
 /// it is given in seconds), 503/529 → `Overloaded`, 408/504 → `Timeout`,
 /// other 5xx → `Server`, refused/reset connections and DNS failures →
 /// `Connection`, 400/422 → `InvalidRequest` or `ContextOverflow` (when the
-/// body talks about the context length or window), 401/403 →
+/// body says the prompt is over the context window: OpenAI's
+/// `context_length_exceeded`, llama.cpp's `exceed_context_size_error`,
+/// Anthropic's `prompt is too long`, Gemini's `input token count … exceeds`),
+/// 401/403 →
 /// `Unauthorized`, 404 → `NotFound`, anything else → `Other`. Messages carry
 /// the status and the start of the provider's body. A stream that stops
 /// before the provider's end marker ends with a `StreamCut` error.

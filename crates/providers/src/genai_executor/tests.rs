@@ -1,6 +1,8 @@
 //! Tests of the whole executor against a canned HTTP server on 127.0.0.1:
 //! requests as sent on the wire, streamed and non-streamed answers, HTTP
-//! errors, cut and idle streams, refused connections.
+//! errors, cut and idle streams, refused connections; and one check of a
+//! context overflow against the real local server when `REIN_LLM_BASE_URL`
+//! is set.
 
 use super::mapping::tests::search_tool;
 use super::*;
@@ -416,4 +418,73 @@ async fn a_context_length_400_is_its_own_kind() {
     )
     .await;
     assert_eq!(error.kind(), InferenceErrorKind::InvalidRequest, "{error}");
+}
+
+#[tokio::test]
+async fn llama_servers_exceed_context_size_error_is_a_context_overflow() {
+    use super::overflow::tests::{LLAMA_CPP_PYTHON, LLAMA_SERVER};
+    for streaming in [true, false] {
+        let error = open_error(json_response("400 Bad Request", LLAMA_SERVER), streaming).await;
+        assert_eq!(error.kind(), InferenceErrorKind::ContextOverflow, "{error}");
+        assert!(!error.is_retryable());
+        assert_eq!(
+            error.message(),
+            "HTTP 400: request (4476 tokens) exceeds the available context size (4096 tokens), \
+             try increasing it (prompt 4476 tokens, context 4096 tokens)",
+            "streaming: {streaming}"
+        );
+
+        let error = open_error(
+            json_response("400 Bad Request", LLAMA_CPP_PYTHON),
+            streaming,
+        )
+        .await;
+        assert_eq!(error.kind(), InferenceErrorKind::ContextOverflow, "{error}");
+        assert!(
+            error
+                .message()
+                .contains("maximum context length is 2048 tokens")
+        );
+    }
+}
+
+/// Against the real local server (`cargo xtask local-llm start`), when
+/// `REIN_LLM_BASE_URL` is set; passes without running otherwise.
+#[tokio::test]
+async fn a_real_over_long_prompt_is_a_context_overflow() {
+    let Ok(base_url) = std::env::var("REIN_LLM_BASE_URL") else {
+        eprintln!("live check skipped: REIN_LLM_BASE_URL is not set");
+        return;
+    };
+    // About 4000 tokens, twice the local server's 2048-token context.
+    let prompt = "hello world ".repeat(2000);
+    let request = InferenceRequest::new("smollm2", vec![Message::user(prompt)]);
+    let executor = GenaiExecutor::openai_compatible(base_url.clone(), None)
+        .with_request_timeout(Duration::from_secs(60))
+        .with_streaming(false);
+    let error = match executor.open(&request).await {
+        Ok(_) => panic!("a prompt twice the context must be refused"),
+        Err(error) => error,
+    };
+    assert_eq!(error.kind(), InferenceErrorKind::ContextOverflow, "{error}");
+    assert!(!error.is_retryable());
+    assert!(error.message().starts_with("HTTP 400: "), "{error}");
+
+    // Streamed, llama-cpp-python 0.3.36 answers 200 and closes the stream
+    // without a byte (its error is raised after the headers), so there is no
+    // body to classify: the stream fails, it does not end as an empty answer.
+    let streamed = GenaiExecutor::openai_compatible(base_url, None)
+        .with_request_timeout(Duration::from_secs(60));
+    let error = match streamed.open(&request).await {
+        Ok(stream) => collect(stream).await.into_iter().find_map(Result::err),
+        Err(error) => Some(error),
+    };
+    let kind = error.map(|error| error.kind());
+    assert!(
+        matches!(
+            kind,
+            Some(InferenceErrorKind::StreamCut | InferenceErrorKind::ContextOverflow)
+        ),
+        "{kind:?}"
+    );
 }
