@@ -24,41 +24,48 @@ use rein_runtime_contract::message::{ToolCall, ToolResult};
 use super::{Escalation, Verdict};
 
 /// Writes `value` as JSON with object keys sorted, whatever the map type.
-pub(crate) fn canonical_json(value: &serde_json::Value, out: &mut String) {
+/// Keys and scalars are written straight into `out` (no string per key).
+pub(crate) fn canonical_json(value: &serde_json::Value, out: &mut Vec<u8>) {
     use serde_json::Value;
     match value {
         Value::Object(map) => {
             let mut entries: Vec<_> = map.iter().collect();
             entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push('{');
+            out.push(b'{');
             for (i, (k, v)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
+                write_scalar(k, out);
+                out.push(b':');
                 canonical_json(v, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, v) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 canonical_json(v, out);
             }
-            out.push(']');
+            out.push(b']');
         }
-        other => out.push_str(&other.to_string()),
+        other => write_scalar(other, out),
     }
+}
+
+/// Serializes a string or scalar into `out`. Writing into a `Vec` cannot
+/// fail, and neither can serializing a string or a JSON scalar.
+fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
+    let _ = serde_json::to_writer(out, value);
 }
 
 /// The key of a call: its name, canonical arguments and, when given, its
 /// result text.
 pub(crate) fn call_key(call: &ToolCall, result: Option<&str>) -> u64 {
-    let mut args = String::new();
+    let mut args = Vec::new();
     canonical_json(&call.arguments, &mut args);
     let mut h = DefaultHasher::new();
     (&call.name, &args, result).hash(&mut h);
@@ -447,8 +454,14 @@ mod tests {
 
     #[test]
     fn canonical_json_sorts_keys_at_every_level() {
-        let mut out = String::new();
-        canonical_json(&json!({"b": [ {"d": 1, "c": 2} ], "a": "x"}), &mut out);
-        assert_eq!(out, r#"{"a":"x","b":[{"c":2,"d":1}]}"#);
+        let mut out = Vec::new();
+        canonical_json(
+            &json!({"b": [ {"d": 1, "c": 2} ], "a": "x\"y", "e": [null, true, 1.5]}),
+            &mut out,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"a":"x\"y","b":[{"c":2,"d":1}],"e":[null,true,1.5]}"#
+        );
     }
 }
