@@ -272,6 +272,107 @@ fn loop_detectors_load_with_defaults_and_bounds() {
     assert_eq!(zeros.unwrap().len(), 3);
 }
 
+#[test]
+fn tool_error_loop_and_tool_call_cycle_load_with_defaults() {
+    use rein::contract::lifecycle::OnDetect;
+    let specs = load_stop_conditions_yaml(
+        "- type: tool_error_loop\n\
+         - {type: tool_error_loop, threshold: 5, on_detect: nudge_then_stop}\n\
+         - {type: tool_call_cycle, cycle: 1, threshold: 4}\n\
+         - {type: tool_call_cycle, cycle: 2}\n\
+         - {type: tool_error_loop, threshold: 0}\n\
+         - {type: tool_call_cycle, cycle: 0, threshold: 0}\n",
+    )
+    .unwrap();
+    assert_eq!(
+        specs,
+        [
+            StopConditionSpec::ToolErrorLoop {
+                threshold: 3,
+                on_detect: OnDetect::Stop
+            },
+            StopConditionSpec::ToolErrorLoop {
+                threshold: 5,
+                on_detect: OnDetect::NudgeThenStop
+            },
+            StopConditionSpec::ToolCallCycle {
+                cycle: 1,
+                threshold: 4,
+                on_detect: OnDetect::Stop
+            },
+            StopConditionSpec::ToolCallCycle {
+                cycle: 2,
+                threshold: 5,
+                on_detect: OnDetect::Stop
+            },
+            StopConditionSpec::ToolErrorLoop {
+                threshold: 0,
+                on_detect: OnDetect::Stop
+            },
+            StopConditionSpec::ToolCallCycle {
+                cycle: 0,
+                threshold: 0,
+                on_detect: OnDetect::Stop
+            },
+        ]
+    );
+    let agent = load_agent_spec_yaml(
+        "id: a\nstop_conditions:\n  - {type: tool_call_cycle, cycle: 2, threshold: 3}\n  - {type: tool_error_loop}\n",
+    )
+    .unwrap();
+    assert_eq!(agent.stop_conditions.len(), 2);
+}
+
+#[test]
+fn tool_error_loop_and_tool_call_cycle_errors_say_what_and_where() {
+    let cases: &[(&str, (usize, usize), &str)] = &[
+        (
+            "- type: tool_error_loop\n  threshold: 1\n",
+            (2, 14),
+            "stop condition #1 (tool_error_loop), field `threshold`: 1 is out of range: threshold must be 0 (disabled) or 2 to 1000",
+        ),
+        (
+            "- {type: max_rounds, rounds: 3}\n- type: tool_call_cycle\n  cycle: 17\n",
+            (3, 10),
+            "stop condition #2 (tool_call_cycle), field `cycle`: 17 is out of range: cycle must be 0 (disabled) or 1 to 16",
+        ),
+        (
+            "- type: tool_call_cycle\n  cycle: 2\n  threshold: 1001\n",
+            (3, 14),
+            "stop condition #1 (tool_call_cycle), field `threshold`: 1001 is out of range: threshold must be 0 (disabled) or 2 to 1000",
+        ),
+        (
+            "- type: tool_call_cycle\n  threshold: 3\n",
+            (1, 3),
+            "stop condition #1 (tool_call_cycle): missing field `cycle`",
+        ),
+        (
+            "- type: tool_error_loop\n  max_cycle: 2\n",
+            (2, 3),
+            "stop condition #1 (tool_error_loop): unknown field `max_cycle`, expected one of `type`, `threshold`, `on_detect`",
+        ),
+        (
+            "- type: tool_call_cycle\n  cycle: two\n",
+            (2, 10),
+            "stop condition #1 (tool_call_cycle), field `cycle`: invalid type: string \"two\", expected a cycle length",
+        ),
+    ];
+    for (yaml, (line, column), message) in cases {
+        let e = load_stop_conditions_yaml(yaml).unwrap_err();
+        assert_eq!(pos(&e), (Some(*line), Some(*column)), "{yaml:?}: {e}");
+        assert_eq!(e.message(), *message, "{yaml:?}");
+    }
+    let e =
+        load_agent_spec_yaml("id: a\nstop_conditions:\n  - type: tool_call_cycle\n    cycle: 99\n")
+            .unwrap_err();
+    assert_eq!(pos(&e), (Some(4), Some(12)), "{e}");
+    assert!(
+        e.message()
+            .contains("cycle must be 0 (disabled) or 1 to 16"),
+        "{e}"
+    );
+}
+
 fn spec_strategy() -> impl Strategy<Value = StopConditionSpec> {
     prop_oneof![
         (0usize..=1_000_000).prop_map(|rounds| StopConditionSpec::MaxRounds { rounds }),
@@ -312,6 +413,24 @@ fn spec_strategy() -> impl Strategy<Value = StopConditionSpec> {
                 }
             }),
         (0usize..10).prop_map(|duplicates| StopConditionSpec::Stuck { duplicates }),
+        (prop_oneof![Just(0usize), 2usize..=1000], any::<bool>()).prop_map(|(threshold, nudge)| {
+            StopConditionSpec::ToolErrorLoop {
+                threshold,
+                on_detect: on_detect(nudge),
+            }
+        }),
+        (
+            0usize..=16,
+            prop_oneof![Just(0usize), 2usize..=1000],
+            any::<bool>()
+        )
+            .prop_map(|(cycle, threshold, nudge)| {
+                StopConditionSpec::ToolCallCycle {
+                    cycle,
+                    threshold,
+                    on_detect: on_detect(nudge),
+                }
+            }),
     ]
 }
 

@@ -1,5 +1,6 @@
 //! Loop detectors through full runs: tool-call loops, content chanting while
-//! streaming, stuck responses, and nudging before stopping.
+//! streaming, stuck responses, the same call failing again and again,
+//! per-cycle thresholds, and nudging before stopping.
 
 #![allow(
     clippy::unwrap_used,
@@ -430,4 +431,291 @@ async fn a_huge_threshold_set_in_code_neither_panics_nor_loses_the_round() {
         r.termination
     );
     assert_eq!(r.steps, 4);
+}
+
+/// A `fetch` tool whose errors are all different (a counter and a
+/// timestamp), succeeding only on the calls numbered in `succeed_on`.
+struct Flaky {
+    calls: Mutex<u32>,
+    succeed_on: &'static [u32],
+}
+
+impl Flaky {
+    fn new(succeed_on: &'static [u32]) -> Arc<Self> {
+        Arc::new(Self {
+            calls: Mutex::new(0),
+            succeed_on,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Tool for Flaky {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("fetch", "fetches, mostly failing")
+    }
+    async fn execute(
+        &self,
+        _args: serde_json::Value,
+        _ctx: &ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
+        let n = {
+            let mut n = self.calls.lock().unwrap();
+            *n += 1;
+            *n
+        };
+        if self.succeed_on.contains(&n) {
+            return Ok(ToolOutput::text("fetched"));
+        }
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        Err(ToolError::new(format!(
+            "upstream timeout (request {n}, at {at} ns, log /tmp/fetch-{n}.log)"
+        )))
+    }
+}
+
+/// A model that calls `fetch` with the same arguments `n` times, then
+/// answers "done".
+fn fetching(n: usize) -> ScriptedExecutor {
+    ScriptedExecutor::from_fn(move |req| {
+        if req.messages.iter().filter(|m| m.role == Role::Tool).count() < n {
+            ScriptedResponse::tool_call("fetch", json!({"url": "https://x", "retries": 0}))
+        } else {
+            ScriptedResponse::text("done")
+        }
+    })
+}
+
+fn error_loop(threshold: usize, on_detect: OnDetect) -> StopConditionSpec {
+    StopConditionSpec::ToolErrorLoop {
+        threshold,
+        on_detect,
+    }
+}
+
+fn fetch_runtime(model: ScriptedExecutor, spec: AgentSpec, tool: Arc<Flaky>) -> AgentRuntime {
+    builder_with(model, spec.with_max_rounds(0))
+        .with_tool("fetch", tool)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_same_call_failing_three_times_with_different_errors_stops_with_tool_error_loop() {
+    // tool_call_loop keys calls by their result too, so unique errors never
+    // look like a loop to it; tool_error_loop ignores the error text.
+    let r = fetch_runtime(
+        fetching(20),
+        spec()
+            .with_stop_condition(tool_loop(3, OnDetect::Stop))
+            .with_stop_condition(error_loop(3, OnDetect::Stop)),
+        Flaky::new(&[]),
+    )
+    .run_to_completion(user("t", "go"))
+    .await
+    .unwrap();
+    assert_eq!(r.steps, 3);
+    let TerminationReason::Stopped(reason) = &r.termination else {
+        panic!("{}", r.termination)
+    };
+    assert_eq!(reason.code, "tool_error_loop");
+    assert!(
+        reason
+            .detail
+            .starts_with("the tool call fetch failed 3 times in a row with the same arguments (last error: error: upstream timeout (request 3, at "),
+        "{}",
+        reason.detail
+    );
+}
+
+#[tokio::test]
+async fn a_success_of_the_same_call_in_between_resets_the_error_streak() {
+    // fail, fail, succeed, fail, fail, fail: the streak starts again after
+    // the success, so the sixth call stops the run.
+    let r = fetch_runtime(
+        fetching(20),
+        spec().with_stop_condition(error_loop(3, OnDetect::Stop)),
+        Flaky::new(&[3]),
+    )
+    .run_to_completion(user("t", "go"))
+    .await
+    .unwrap();
+    assert_eq!(r.termination.stop_code(), Some("tool_error_loop"));
+    assert_eq!(r.steps, 6);
+    // Two failures, a success, two failures: no streak of three.
+    let r = fetch_runtime(
+        fetching(5),
+        spec().with_stop_condition(error_loop(3, OnDetect::Stop)),
+        Flaky::new(&[3]),
+    )
+    .run_to_completion(user("t", "go"))
+    .await
+    .unwrap();
+    assert_eq!(r.termination, TerminationReason::NaturalEnd);
+}
+
+#[tokio::test]
+async fn a_tool_error_loop_with_nudge_then_stop_stops_when_the_call_fails_again_right_after_the_nudge()
+ {
+    let sink = Arc::new(CollectingSink::new());
+    let r = fetch_runtime(
+        fetching(20),
+        spec().with_stop_condition(error_loop(3, OnDetect::NudgeThenStop)),
+        Flaky::new(&[]),
+    )
+    .run(user("t", "go"), sink.clone())
+    .await
+    .unwrap();
+    assert_eq!(r.steps, 4);
+    assert_eq!(r.termination.stop_code(), Some("tool_error_loop"));
+    assert!(
+        r.termination.to_string().contains("right after a nudge"),
+        "{}",
+        r.termination
+    );
+    let nudges: Vec<String> = sink
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            AgentEvent::Nudge { text, .. } => Some(text),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(nudges.len(), 1);
+    assert!(
+        nudges[0].starts_with("The tool call fetch has failed 3 times in a row"),
+        "{}",
+        nudges[0]
+    );
+}
+
+#[tokio::test]
+async fn when_two_tool_detectors_fire_on_the_same_call_the_first_listed_wins() {
+    // Identical errors: both tool_call_loop and tool_error_loop fire on the
+    // third call; the stop_conditions order decides the code.
+    for (first, second, code) in [
+        (
+            tool_loop(3, OnDetect::Stop),
+            error_loop(3, OnDetect::Stop),
+            "tool_call_loop",
+        ),
+        (
+            error_loop(3, OnDetect::Stop),
+            tool_loop(3, OnDetect::Stop),
+            "tool_error_loop",
+        ),
+    ] {
+        let r = builder_with(
+            fetching(20),
+            spec()
+                .with_max_rounds(0)
+                .with_stop_condition(first)
+                .with_stop_condition(second),
+        )
+        .with_tool("fetch", Arc::new(FailingFetch))
+        .build()
+        .unwrap()
+        .run_to_completion(user("t", "go"))
+        .await
+        .unwrap();
+        assert_eq!(r.steps, 3);
+        assert_eq!(r.termination.stop_code(), Some(code));
+    }
+}
+
+/// A `fetch` that always fails with the same text.
+struct FailingFetch;
+
+#[async_trait::async_trait]
+impl Tool for FailingFetch {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("fetch", "always fails")
+    }
+    async fn execute(
+        &self,
+        _args: serde_json::Value,
+        _ctx: &ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
+        Err(ToolError::new("disk on fire"))
+    }
+}
+
+fn cycle(cycle: usize, threshold: usize) -> StopConditionSpec {
+    StopConditionSpec::ToolCallCycle {
+        cycle,
+        threshold,
+        on_detect: OnDetect::Stop,
+    }
+}
+
+/// "4 identical calls, or an A/B pair repeated 3 times".
+fn four_identical_or_a_b_three_times() -> AgentSpec {
+    spec()
+        .with_stop_condition(cycle(1, 4))
+        .with_stop_condition(cycle(2, 3))
+}
+
+#[tokio::test]
+async fn per_cycle_thresholds_do_not_fire_on_three_identical_calls() {
+    let three = || calling(vec![("search", json!({"q": "x"})); 3]);
+    let r = runtime(three(), four_identical_or_a_b_three_times())
+        .run_to_completion(user("t", "go"))
+        .await
+        .unwrap();
+    assert_eq!(r.termination, TerminationReason::NaturalEnd);
+    // One tool_call_loop threshold for every cycle length cannot say it:
+    // threshold 3 fires on three identical calls.
+    let r = runtime(
+        three(),
+        spec().with_stop_condition(StopConditionSpec::ToolCallLoop {
+            threshold: 3,
+            max_cycle: 2,
+            on_detect: OnDetect::Stop,
+        }),
+    )
+    .run_to_completion(user("t", "go"))
+    .await
+    .unwrap();
+    assert_eq!(r.termination.stop_code(), Some("tool_call_loop"));
+    assert_eq!(r.steps, 3);
+}
+
+#[tokio::test]
+async fn per_cycle_thresholds_stop_four_identical_calls_and_an_a_b_pair_repeated_three_times() {
+    let r = runtime(
+        calling(vec![("search", json!({"q": "x"})); 4]),
+        four_identical_or_a_b_three_times(),
+    )
+    .run_to_completion(user("t", "go"))
+    .await
+    .unwrap();
+    assert_eq!(
+        r.termination,
+        TerminationReason::stopped(
+            "tool_call_cycle",
+            "the tool call cycle [search] repeated 4 times with identical arguments and results"
+        )
+    );
+    assert_eq!(r.steps, 4);
+
+    let mut calls = Vec::new();
+    for _ in 0..3 {
+        calls.push(("search", json!({"q": "x"})));
+        calls.push(("open", json!({"url": "u"})));
+    }
+    let r = runtime(calling(calls), four_identical_or_a_b_three_times())
+        .run_to_completion(user("t", "go"))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.termination,
+        TerminationReason::stopped(
+            "tool_call_cycle",
+            "the tool call cycle [search → open] repeated 3 times with identical arguments and results"
+        )
+    );
+    assert_eq!(r.steps, 6);
 }

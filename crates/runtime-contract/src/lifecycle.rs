@@ -26,6 +26,9 @@ fn default_tool_call_loop_threshold() -> usize {
 fn default_max_cycle() -> usize {
     5
 }
+fn default_tool_error_threshold() -> usize {
+    3
+}
 fn default_chunk_chars() -> usize {
     50
 }
@@ -95,6 +98,38 @@ pub enum StopConditionSpec {
         #[serde(default)]
         on_detect: OnDetect,
     },
+    /// Stop when the same tool with the same arguments (canonical JSON) has
+    /// failed `threshold` times in a row, whatever its error texts say: the
+    /// last `threshold` calls of the run are that call and all are errors.
+    /// A success, or any other call, in between breaks the streak. Checked
+    /// after each round's tool results are recorded.
+    ToolErrorLoop {
+        /// Failures in a row that make a loop (default 3; at least 2; 0
+        /// disables).
+        #[serde(default = "default_tool_error_threshold")]
+        threshold: usize,
+        /// Stop at once, or nudge first (default stop).
+        #[serde(default)]
+        on_detect: OnDetect,
+    },
+    /// Stop when a cycle of exactly `cycle` tool calls (keyed as for
+    /// [`ToolCallLoop`](Self::ToolCallLoop)) repeats `threshold` times in a
+    /// row. Unlike `ToolCallLoop`, which looks for every cycle length up to
+    /// its `max_cycle` with one threshold, each length gets its own count:
+    /// `{ cycle: 1, threshold: 4 }` and `{ cycle: 2, threshold: 3 }` side by
+    /// side mean "4 identical calls, or an A/B pair 3 times". A repetition
+    /// of a shorter cycle (`A A A A A A`) is not a cycle of 2. Checked after
+    /// each round's tool results are recorded.
+    ToolCallCycle {
+        /// The cycle length (1 to 16; 0 disables).
+        cycle: usize,
+        /// Repetitions that make a loop (default 5; at least 2; 0 disables).
+        #[serde(default = "default_tool_call_loop_threshold")]
+        threshold: usize,
+        /// Stop at once, or nudge first (default stop).
+        #[serde(default)]
+        on_detect: OnDetect,
+    },
     /// Stop when one `chunk_chars`-character chunk recurs `threshold` times
     /// close together inside one streamed answer. Checked while the answer
     /// streams; the stream is dropped when it fires.
@@ -130,6 +165,8 @@ impl StopConditionSpec {
             Self::ContentMatch { .. } => "content_match",
             Self::LoopDetection { .. } => "loop_detection",
             Self::ToolCallLoop { .. } => "tool_call_loop",
+            Self::ToolErrorLoop { .. } => "tool_error_loop",
+            Self::ToolCallCycle { .. } => "tool_call_cycle",
             Self::ContentChanting { .. } => "content_chanting",
             Self::Stuck { .. } => "stuck",
         }
@@ -339,6 +376,31 @@ mod tests {
         );
         let spec: StopConditionSpec = serde_json::from_value(json!({"type": "stuck"})).unwrap();
         assert_eq!(spec, StopConditionSpec::Stuck { duplicates: 2 });
+        let spec: StopConditionSpec =
+            serde_json::from_value(json!({"type": "tool_error_loop"})).unwrap();
+        assert_eq!(
+            spec,
+            StopConditionSpec::ToolErrorLoop {
+                threshold: 3,
+                on_detect: OnDetect::Stop
+            }
+        );
+        let spec: StopConditionSpec =
+            serde_json::from_value(json!({"type": "tool_call_cycle", "cycle": 2})).unwrap();
+        assert_eq!(
+            spec,
+            StopConditionSpec::ToolCallCycle {
+                cycle: 2,
+                threshold: 5,
+                on_detect: OnDetect::Stop
+            }
+        );
+        assert_eq!(spec.kind(), "tool_call_cycle");
+        assert!(
+            serde_json::from_value::<StopConditionSpec>(json!({"type": "tool_call_cycle"}))
+                .is_err(),
+            "cycle has no default"
+        );
     }
 
     #[test]

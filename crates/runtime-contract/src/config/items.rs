@@ -75,6 +75,29 @@ pub(super) struct ToolCallLoop {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+pub(super) struct ToolErrorLoop {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    #[serde(default = "Threshold::default_tool_errors")]
+    pub(super) threshold: Threshold,
+    #[serde(default)]
+    pub(super) on_detect: OnDetect,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ToolCallCycle {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    pub(super) cycle: CycleLength,
+    #[serde(default = "Threshold::default_tool_calls")]
+    pub(super) threshold: Threshold,
+    #[serde(default)]
+    pub(super) on_detect: OnDetect,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct ContentChanting {
     #[serde(rename = "type")]
     _type: de::IgnoredAny,
@@ -104,6 +127,9 @@ impl Duplicates {
 impl Threshold {
     fn default_tool_calls() -> Self {
         Self(5)
+    }
+    fn default_tool_errors() -> Self {
+        Self(3)
     }
     fn default_chanting() -> Self {
         Self(10)
@@ -245,6 +271,13 @@ checked_uint!(
     "a cycle length",
     |v| v <= MAX_CYCLE as u64,
     "max_cycle must be 0 (disabled) or 1 to 16"
+);
+checked_uint!(
+    CycleLength,
+    usize,
+    "a cycle length",
+    |v| v <= MAX_CYCLE as u64,
+    "cycle must be 0 (disabled) or 1 to 16"
 );
 checked_uint!(
     ChunkChars,

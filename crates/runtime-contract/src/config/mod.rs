@@ -23,14 +23,16 @@
 //! | `token_budget.max_total` | 0 (disabled) ..= 1 000 000 000 |
 //! | `content_match.pattern` | at most 1024 characters, a valid `regex` (empty disables) |
 //! | `loop_detection.window` | 0 (disabled) or 2 ..= 64 |
-//! | `tool_call_loop.threshold`, `content_chanting.threshold` | 0 (disabled) or ≥ 2 |
-//! | `tool_call_loop.max_cycle` | 0 (disabled) or 1 ..= 16 |
+//! | `tool_call_loop.threshold`, `tool_error_loop.threshold`, `tool_call_cycle.threshold`, `content_chanting.threshold` | 0 (disabled) or 2 ..= 1000 |
+//! | `tool_call_loop.max_cycle`, `tool_call_cycle.cycle` | 0 (disabled) or 1 ..= 16 |
 //! | `content_chanting.chunk_chars` | 0 (disabled) or 8 ..= 1000 |
 //! | `stuck.duplicates` | 0 (disabled) or ≥ 1 |
 //!
 //! Fields with defaults may be omitted: `tool_call_loop` (threshold 5,
-//! max_cycle 5, on_detect stop), `content_chanting` (chunk_chars 50,
-//! threshold 10, on_detect stop), `stuck` (duplicates 2).
+//! max_cycle 5, on_detect stop), `tool_error_loop` (threshold 3, on_detect
+//! stop), `tool_call_cycle` (threshold 5, on_detect stop; `cycle` is
+//! required), `content_chanting` (chunk_chars 50, threshold 10, on_detect
+//! stop), `stuck` (duplicates 2).
 //!
 //! ```
 //! use rein_runtime_contract::config::load_stop_conditions_yaml;
@@ -61,14 +63,14 @@ pub const MAX_TOKEN_BUDGET: u64 = 1_000_000_000;
 pub const MAX_PATTERN_CHARS: usize = 1024;
 /// The largest accepted `loop_detection.window`.
 pub const MAX_LOOP_WINDOW: usize = 64;
-/// The largest accepted `tool_call_loop.max_cycle`.
+/// The largest accepted `tool_call_loop.max_cycle` and `tool_call_cycle.cycle`.
 pub const MAX_CYCLE: usize = 16;
 /// The smallest accepted non-zero `content_chanting.chunk_chars`.
 pub const MIN_CHUNK_CHARS: usize = 8;
 /// The largest accepted `content_chanting.chunk_chars`.
 pub const MAX_CHUNK_CHARS: usize = 1000;
-/// The largest accepted `threshold` of `tool_call_loop` and
-/// `content_chanting`.
+/// The largest accepted `threshold` of `tool_call_loop`, `tool_error_loop`,
+/// `tool_call_cycle` and `content_chanting`.
 pub const MAX_THRESHOLD: usize = 1000;
 /// The largest accepted round limit (`max_rounds` of an agent and of the
 /// `max_rounds` stop condition).
@@ -303,7 +305,7 @@ fn item_kinds(list: &serde_yaml::Value) -> Vec<Option<String>> {
 }
 
 /// The stop condition `type` names, in declaration order.
-pub const STOP_CONDITION_TYPES: [&str; 10] = [
+pub const STOP_CONDITION_TYPES: [&str; 12] = [
     "max_rounds",
     "timeout",
     "token_budget",
@@ -312,6 +314,8 @@ pub const STOP_CONDITION_TYPES: [&str; 10] = [
     "content_match",
     "loop_detection",
     "tool_call_loop",
+    "tool_error_loop",
+    "tool_call_cycle",
     "content_chanting",
     "stuck",
 ];
@@ -477,6 +481,21 @@ impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
                 StopConditionSpec::ToolCallLoop {
                     threshold: i.threshold.0,
                     max_cycle: i.max_cycle.0,
+                    on_detect: i.on_detect,
+                }
+            }
+            Some("tool_error_loop") => {
+                let i = items::ToolErrorLoop::deserialize(d)?;
+                StopConditionSpec::ToolErrorLoop {
+                    threshold: i.threshold.0,
+                    on_detect: i.on_detect,
+                }
+            }
+            Some("tool_call_cycle") => {
+                let i = items::ToolCallCycle::deserialize(d)?;
+                StopConditionSpec::ToolCallCycle {
+                    cycle: i.cycle.0,
+                    threshold: i.threshold.0,
                     on_detect: i.on_detect,
                 }
             }

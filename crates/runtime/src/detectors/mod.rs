@@ -1,11 +1,14 @@
 //! Loop detectors: the stop conditions that need more than
 //! [`StopPolicyStats`](crate::policies::StopPolicyStats) — repeated tool-call
-//! cycles, "chanting" inside one streamed answer, and stuck responses — each
-//! checked at its own point of the round, each able to nudge before it stops.
+//! cycles, the same call failing again and again, "chanting" inside one
+//! streamed answer, and stuck responses — each checked at its own point of
+//! the round, each able to nudge before it stops.
 //!
 //! | detector | checked | code |
 //! |---|---|---|
-//! | [`ToolCallLoopDetector`] | after the round's tool results are recorded | `tool_call_loop` |
+//! | [`ToolCallLoopDetector::new`] | after the round's tool results are recorded, in `stop_conditions` order | `tool_call_loop` |
+//! | [`ToolCallLoopDetector::exact_cycle`] | likewise | `tool_call_cycle` |
+//! | [`ToolErrorLoopDetector`] | likewise | `tool_error_loop` |
 //! | [`ChantingDetector`] | while the answer streams | `content_chanting` |
 //! | [`StuckDetector`] | after each inference, in `stop_conditions` order | `stuck` |
 //!
@@ -17,10 +20,12 @@
 mod chanting;
 mod stuck;
 mod tool_calls;
+mod tool_errors;
 
 pub use chanting::{CHANTING_NUDGE, ChantingDetector, MEAN_GAP_FACTOR};
 pub use stuck::{STUCK_NUDGE, StuckDetector};
 pub use tool_calls::{MAX_TOOL_LOOP_THRESHOLD, ToolCallLoopDetector};
+pub use tool_errors::ToolErrorLoopDetector;
 
 use rein_runtime_contract::lifecycle::{OnDetect, StopConditionSpec, StoppedReason};
 use rein_runtime_contract::message::{ToolCall, ToolResult};
@@ -75,10 +80,29 @@ pub(crate) fn snippet(text: &str, max: usize) -> String {
     out
 }
 
+/// A detector checked after the round's tool results are recorded.
+#[derive(Debug)]
+enum ToolDetector {
+    /// `tool_call_loop` and `tool_call_cycle`.
+    Calls(ToolCallLoopDetector),
+    /// `tool_error_loop`.
+    Errors(ToolErrorLoopDetector),
+}
+
+impl ToolDetector {
+    fn observe_round(&mut self, round: &[(&ToolCall, &ToolResult)]) -> Option<Verdict> {
+        match self {
+            Self::Calls(d) => d.observe_round(round),
+            Self::Errors(d) => d.observe_round(round),
+        }
+    }
+}
+
 /// The detectors of one run, built from the agent's `stop_conditions`.
 #[derive(Debug, Default)]
 pub(crate) struct Detectors {
-    tool_loops: Vec<ToolCallLoopDetector>,
+    /// In `stop_conditions` order.
+    tool_loops: Vec<ToolDetector>,
     chanting: Vec<ChantingDetector>,
     /// Indexed by the position among the spec's `stuck` conditions.
     pub(crate) stuck: Vec<StuckDetector>,
@@ -93,9 +117,24 @@ impl Detectors {
                     threshold,
                     max_cycle,
                     on_detect,
-                } => d
-                    .tool_loops
-                    .extend(ToolCallLoopDetector::new(threshold, max_cycle, on_detect)),
+                } => d.tool_loops.extend(
+                    ToolCallLoopDetector::new(threshold, max_cycle, on_detect)
+                        .map(ToolDetector::Calls),
+                ),
+                StopConditionSpec::ToolCallCycle {
+                    cycle,
+                    threshold,
+                    on_detect,
+                } => d.tool_loops.extend(
+                    ToolCallLoopDetector::exact_cycle(cycle, threshold, on_detect)
+                        .map(ToolDetector::Calls),
+                ),
+                StopConditionSpec::ToolErrorLoop {
+                    threshold,
+                    on_detect,
+                } => d.tool_loops.extend(
+                    ToolErrorLoopDetector::new(threshold, on_detect).map(ToolDetector::Errors),
+                ),
                 StopConditionSpec::ContentChanting {
                     chunk_chars,
                     threshold,

@@ -8,6 +8,12 @@
 //! count for a threshold of 5. Because the result is part of the key,
 //! polling a status that changes, or batch work over different arguments,
 //! is never a loop.
+//!
+//! The same detector, built with [`ToolCallLoopDetector::exact_cycle`],
+//! enforces `tool_call_cycle`: only cycles of exactly one length count, so
+//! each length can have its own threshold. A cycle counts at its shortest
+//! length only: `A A A A A A` is a cycle of 1 repeated six times, never a
+//! cycle of 2 repeated three times.
 
 use std::collections::VecDeque;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -18,43 +24,56 @@ use rein_runtime_contract::message::{ToolCall, ToolResult};
 use super::{Escalation, Verdict};
 
 /// Writes `value` as JSON with object keys sorted, whatever the map type.
-pub(crate) fn canonical_json(value: &serde_json::Value, out: &mut String) {
+/// Keys and scalars are written straight into `out` (no string per key).
+pub(crate) fn canonical_json(value: &serde_json::Value, out: &mut Vec<u8>) {
     use serde_json::Value;
     match value {
         Value::Object(map) => {
             let mut entries: Vec<_> = map.iter().collect();
             entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push('{');
+            out.push(b'{');
             for (i, (k, v)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
+                write_scalar(k, out);
+                out.push(b':');
                 canonical_json(v, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, v) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 canonical_json(v, out);
             }
-            out.push(']');
+            out.push(b']');
         }
-        other => out.push_str(&other.to_string()),
+        other => write_scalar(other, out),
     }
 }
 
-fn key(call: &ToolCall, result: &ToolResult) -> u64 {
-    let mut args = String::new();
+/// Serializes a string or scalar into `out`. Writing into a `Vec` cannot
+/// fail, and neither can serializing a string or a JSON scalar.
+fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
+    let _ = serde_json::to_writer(out, value);
+}
+
+/// The key of a call: its name, canonical arguments and, when given, its
+/// result text.
+pub(crate) fn call_key(call: &ToolCall, result: Option<&str>) -> u64 {
+    let mut args = Vec::new();
     canonical_json(&call.arguments, &mut args);
     let mut h = DefaultHasher::new();
-    (&call.name, &args, &result.content).hash(&mut h);
+    (&call.name, &args, result).hash(&mut h);
     h.finish()
+}
+
+fn key(call: &ToolCall, result: &ToolResult) -> u64 {
+    call_key(call, Some(&result.content))
 }
 
 /// The largest `threshold` a tool-call loop accepts; larger values set in
@@ -65,7 +84,12 @@ pub const MAX_TOOL_LOOP_THRESHOLD: usize = rein_runtime_contract::config::MAX_TH
 #[derive(Debug)]
 pub struct ToolCallLoopDetector {
     threshold: usize,
+    /// The shortest cycle looked for: 1, or the one length of
+    /// `tool_call_cycle`.
+    min_cycle: usize,
     max_cycle: usize,
+    /// The stop code: `tool_call_loop` or `tool_call_cycle`.
+    code: &'static str,
     /// Keys of the most recent calls (at most `threshold × max_cycle`), with names.
     history: VecDeque<(u64, String)>,
     escalation: Escalation,
@@ -87,9 +111,35 @@ impl ToolCallLoopDetector {
     /// to [`MAX_CYCLE`](rein_runtime_contract::config::MAX_CYCLE), so the
     /// history it keeps stays bounded.
     pub fn new(threshold: usize, max_cycle: usize, on_detect: OnDetect) -> Option<Self> {
-        (threshold >= 2 && max_cycle >= 1).then(|| Self {
+        Self::build(threshold, 1, max_cycle, "tool_call_loop", on_detect)
+    }
+
+    /// The detector of `tool_call_cycle`: only cycles of exactly `cycle`
+    /// calls count (stop code `tool_call_cycle`). `None` when disabled (a
+    /// threshold below 2 or a cycle of 0). `threshold` is clamped as in
+    /// [`new`](Self::new), and a `cycle` above
+    /// [`MAX_CYCLE`](rein_runtime_contract::config::MAX_CYCLE) builds no
+    /// detector either (YAML rejects it), since clamping it would watch for
+    /// another cycle than the one asked for.
+    pub fn exact_cycle(cycle: usize, threshold: usize, on_detect: OnDetect) -> Option<Self> {
+        if cycle > rein_runtime_contract::config::MAX_CYCLE {
+            return None;
+        }
+        Self::build(threshold, cycle, cycle, "tool_call_cycle", on_detect)
+    }
+
+    fn build(
+        threshold: usize,
+        min_cycle: usize,
+        max_cycle: usize,
+        code: &'static str,
+        on_detect: OnDetect,
+    ) -> Option<Self> {
+        (threshold >= 2 && min_cycle >= 1 && max_cycle >= 1).then(|| Self {
             threshold: threshold.min(MAX_TOOL_LOOP_THRESHOLD),
+            min_cycle,
             max_cycle: max_cycle.min(rein_runtime_contract::config::MAX_CYCLE),
+            code,
             history: VecDeque::new(),
             escalation: Escalation::new(on_detect),
             nudged_next: None,
@@ -108,11 +158,10 @@ impl ToolCallLoopDetector {
                 "the tool call {} was repeated right after a nudge to stop repeating it",
                 call.name
             );
-            return Some(self.escalation.fire(
-                "tool_call_loop",
-                detail,
-                &tool_loop_nudge(&call.name),
-            ));
+            return Some(
+                self.escalation
+                    .fire(self.code, detail, &tool_loop_nudge(&call.name)),
+            );
         }
         let mut found = None;
         for (call, result) in round {
@@ -139,7 +188,7 @@ impl ToolCallLoopDetector {
         );
         let verdict = self
             .escalation
-            .fire("tool_call_loop", detail, &tool_loop_nudge(&tools));
+            .fire(self.code, detail, &tool_loop_nudge(&tools));
         if matches!(verdict, Verdict::Nudge(_)) {
             // The loop would go on with the cycle's first call.
             self.nudged_next = self.history.get(n - cycle).map(|(k, _)| *k);
@@ -148,13 +197,23 @@ impl ToolCallLoopDetector {
         Some(verdict)
     }
 
-    /// The shortest cycle length repeated `threshold` times at the tail.
+    /// The shortest cycle length in `min_cycle ..= max_cycle` repeated
+    /// `threshold` times at the tail, the cycle itself not being a
+    /// repetition of a shorter one.
     fn cycle_at_tail(&self) -> Option<usize> {
         let n = self.history.len();
-        (1..=self.max_cycle).find(|&c| {
+        let same = |i: usize, j: usize| self.history[i].0 == self.history[j].0;
+        (self.min_cycle..=self.max_cycle).find(|&c| {
             // Checked: an overflowing span is longer than any history.
             c.checked_mul(self.threshold).is_some_and(|span| {
-                span <= n && (n - span..n - c).all(|i| self.history[i].0 == self.history[i + c].0)
+                span <= n
+                    && (n - span..n - c).all(|i| same(i, i + c))
+                    // With `min_cycle` 1 a shorter period would have been
+                    // found first; with an exact length, `A A` is not a
+                    // cycle of 2.
+                    && (1..c)
+                        .filter(|d| c % d == 0)
+                        .all(|d| (n - c..n - d).any(|i| !same(i, i + d)))
             })
         })
     }
@@ -312,9 +371,97 @@ mod tests {
     }
 
     #[test]
+    fn an_exact_cycle_of_two_fires_on_an_a_b_pair_repeated_and_not_on_identical_calls() {
+        let mut d = ToolCallLoopDetector::exact_cycle(2, 3, OnDetect::Stop).unwrap();
+        let v = feed(&mut d, &vec![("f", json!({}), "r"); 12]);
+        assert!(v.iter().all(Option::is_none), "A A A … is a cycle of 1");
+        let mut d = ToolCallLoopDetector::exact_cycle(2, 3, OnDetect::Stop).unwrap();
+        let mut calls = Vec::new();
+        for _ in 0..3 {
+            calls.push(("a", json!({}), "r"));
+            calls.push(("b", json!({}), "r"));
+        }
+        let v = feed(&mut d, &calls);
+        assert!(v[..5].iter().all(Option::is_none));
+        match &v[5] {
+            Some(Verdict::Stop(r)) => {
+                assert_eq!(r.code, "tool_call_cycle");
+                assert_eq!(
+                    r.detail,
+                    "the tool call cycle [a → b] repeated 3 times with identical arguments and results"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_exact_cycle_of_one_ignores_longer_cycles() {
+        let mut d = ToolCallLoopDetector::exact_cycle(1, 3, OnDetect::Stop).unwrap();
+        let mut calls = Vec::new();
+        for _ in 0..5 {
+            calls.push(("a", json!({}), "r"));
+            calls.push(("b", json!({}), "r"));
+        }
+        assert!(feed(&mut d, &calls).iter().all(Option::is_none));
+        let v = feed(&mut d, &vec![("a", json!({}), "r"); 3]);
+        assert!(matches!(&v[2], Some(Verdict::Stop(r)) if r.code == "tool_call_cycle"));
+    }
+
+    #[test]
+    fn an_exact_cycle_of_four_is_not_a_pair_repeated_twice() {
+        let mut d = ToolCallLoopDetector::exact_cycle(4, 2, OnDetect::Stop).unwrap();
+        let pairs: Vec<_> = (0..8)
+            .map(|i| (if i % 2 == 0 { "a" } else { "b" }, json!({}), "r"))
+            .collect();
+        assert!(feed(&mut d, &pairs).iter().all(Option::is_none));
+        let abac: Vec<_> = ["a", "b", "a", "c", "a", "b", "a", "c"]
+            .into_iter()
+            .map(|n| (n, json!({}), "r"))
+            .collect();
+        let v = feed(&mut d, &abac);
+        assert!(v[..7].iter().all(Option::is_none));
+        assert!(matches!(&v[7], Some(Verdict::Stop(_))));
+    }
+
+    #[test]
+    fn an_exact_cycle_nudges_then_stops_when_the_cycle_goes_on_at_once() {
+        let mut d = ToolCallLoopDetector::exact_cycle(2, 2, OnDetect::NudgeThenStop).unwrap();
+        let v = feed(
+            &mut d,
+            &[
+                ("a", json!({}), "r"),
+                ("b", json!({}), "r"),
+                ("a", json!({}), "r"),
+                ("b", json!({}), "r"),
+                ("a", json!({}), "r"),
+            ],
+        );
+        assert!(matches!(&v[3], Some(Verdict::Nudge(t)) if t.contains("(a → b)")));
+        assert!(
+            matches!(&v[4], Some(Verdict::Stop(r)) if r.code == "tool_call_cycle" && r.detail.contains("right after a nudge"))
+        );
+    }
+
+    #[test]
+    fn exact_cycles_that_are_disabled_or_out_of_range_build_no_detector() {
+        assert!(ToolCallLoopDetector::exact_cycle(0, 3, OnDetect::Stop).is_none());
+        assert!(ToolCallLoopDetector::exact_cycle(17, 3, OnDetect::Stop).is_none());
+        assert!(ToolCallLoopDetector::exact_cycle(2, 0, OnDetect::Stop).is_none());
+        assert!(ToolCallLoopDetector::exact_cycle(2, 1, OnDetect::Stop).is_none());
+        assert!(ToolCallLoopDetector::exact_cycle(16, usize::MAX, OnDetect::Stop).is_some());
+    }
+
+    #[test]
     fn canonical_json_sorts_keys_at_every_level() {
-        let mut out = String::new();
-        canonical_json(&json!({"b": [ {"d": 1, "c": 2} ], "a": "x"}), &mut out);
-        assert_eq!(out, r#"{"a":"x","b":[{"c":2,"d":1}]}"#);
+        let mut out = Vec::new();
+        canonical_json(
+            &json!({"b": [ {"d": 1, "c": 2} ], "a": "x\"y", "e": [null, true, 1.5]}),
+            &mut out,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"a":"x\"y","b":[{"c":2,"d":1}],"e":[null,true,1.5]}"#
+        );
     }
 }

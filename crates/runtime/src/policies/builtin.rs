@@ -279,7 +279,8 @@ impl StopPolicy for LoopDetectionPolicy {
 /// The variants that are pure functions of [`StopPolicyStats`] become
 /// policies; `Timeout { seconds }` becomes a [`TimeoutPolicy`] of
 /// `seconds × 1000` ms (saturating). The loop detectors that need more than
-/// the statistics — `tool_call_loop`, `content_chanting`, `stuck` — are
+/// the statistics — `tool_call_loop`, `tool_call_cycle`, `tool_error_loop`,
+/// `content_chanting`, `stuck` — are
 /// skipped with a warning: they are enforced when listed in
 /// `AgentSpec.stop_conditions`, as is the timeout's deadline, which cancels
 /// work in flight (a policy built here only checks after each inference).
@@ -535,9 +536,19 @@ mod tests {
         );
         let skipped = policies_from_specs(&[
             StopConditionSpec::Stuck { duplicates: 2 },
+            StopConditionSpec::ToolErrorLoop {
+                threshold: 3,
+                on_detect: Default::default(),
+            },
+            StopConditionSpec::ToolCallCycle {
+                cycle: 2,
+                threshold: 3,
+                on_detect: Default::default(),
+            },
             StopConditionSpec::MaxRounds { rounds: 1 },
         ]);
         assert_eq!(skipped.len(), 1, "detectors are skipped, the rest kept");
+        assert_eq!(skipped[0].id(), "max_rounds");
         let huge = policies_from_specs(&[StopConditionSpec::Timeout { seconds: u64::MAX }]);
         assert_eq!(
             code(huge[0].evaluate(&StopPolicyStats {
