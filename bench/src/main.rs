@@ -164,6 +164,40 @@ fn seven_conditions() -> Vec<StopConditionSpec> {
     ]
 }
 
+/// The seven conditions and every loop detector (W1b with the loop keys),
+/// at settings the workload never trips: its calls differ by argument.
+fn loop_conditions() -> Vec<StopConditionSpec> {
+    let mut all = seven_conditions();
+    all.extend([
+        StopConditionSpec::ToolCallLoop {
+            threshold: 5,
+            max_cycle: 5,
+            on_detect: OnDetect::NudgeThenStop,
+        },
+        StopConditionSpec::ToolErrorLoop {
+            threshold: 3,
+            on_detect: OnDetect::Stop,
+        },
+        StopConditionSpec::ToolCallCycle {
+            cycle: 1,
+            threshold: 4,
+            on_detect: OnDetect::Stop,
+        },
+        StopConditionSpec::ToolCallCycle {
+            cycle: 2,
+            threshold: 3,
+            on_detect: OnDetect::Stop,
+        },
+        StopConditionSpec::ContentChanting {
+            chunk_chars: 50,
+            threshold: 10,
+            on_detect: OnDetect::Stop,
+        },
+        StopConditionSpec::Stuck { duplicates: 2 },
+    ]);
+    all
+}
+
 /// Counts the events it receives (a sink that wants events, so the runtime
 /// builds every one of them).
 #[derive(Default)]
@@ -178,13 +212,11 @@ impl EventSink for Counting {
 /// W1 / W1b: µs per round of one run of 50 rounds, median of `runs` runs.
 /// With `events`, every event is built and sent to a counting sink;
 /// without, the runtime's default sink discards them unbuilt.
-async fn rounds(name: &str, with_policies: bool, events: bool, runs: usize) {
+async fn rounds(name: &str, conditions: Vec<StopConditionSpec>, events: bool, runs: usize) {
     const R: usize = 50;
     let mut spec = spec();
-    if with_policies {
-        for s in seven_conditions() {
-            spec = spec.with_stop_condition(s);
-        }
+    for s in conditions {
+        spec = spec.with_stop_condition(s);
     }
     let runtime = runtime_with(model(R, None), spec);
     let mut per_round = Vec::with_capacity(runs);
@@ -501,7 +533,7 @@ fn external<F: std::future::Future<Output = ()>>(rt: &tokio::runtime::Runtime, w
 }
 
 /// The workloads `rein-bench` knows, in the order `cargo xtask bench` runs them.
-const USAGE: &str = "usage: rein-bench <rounds|rounds_external|rounds_policies|rounds_events|concurrent|\
+const USAGE: &str = "usage: rein-bench <rounds|rounds_external|rounds_policies|rounds_loops|rounds_events|concurrent|\
 cancel|cancel_pause|cancel_external|cancel_external_pause|cancel_open|mailbox|mailbox_external|\
 policies|chanting|chanting_spaces|chanting_rules> [--tiny]";
 
@@ -519,10 +551,17 @@ fn main() {
     let scale = |full: usize, small: usize| if tiny { small } else { full };
     let ms = Some(Duration::from_millis(1));
     match workload.as_str() {
-        "rounds" => on_worker(&rt, rounds("rounds", false, false, scale(200, 2))),
-        "rounds_external" => external(&rt, rounds("rounds_external", false, false, scale(200, 2))),
-        "rounds_policies" => on_worker(&rt, rounds("rounds_policies", true, false, scale(200, 2))),
-        "rounds_events" => on_worker(&rt, rounds("rounds_events", false, true, scale(200, 2))),
+        "rounds" => on_worker(&rt, rounds("rounds", vec![], false, scale(200, 2))),
+        "rounds_external" => external(&rt, rounds("rounds_external", vec![], false, scale(200, 2))),
+        "rounds_policies" => on_worker(
+            &rt,
+            rounds("rounds_policies", seven_conditions(), false, scale(200, 2)),
+        ),
+        "rounds_loops" => on_worker(
+            &rt,
+            rounds("rounds_loops", loop_conditions(), false, scale(200, 2)),
+        ),
+        "rounds_events" => on_worker(&rt, rounds("rounds_events", vec![], true, scale(200, 2))),
         "concurrent" => on_worker(&rt, concurrent(scale(10_000, 20))),
         "cancel" => on_worker(&rt, cancel("cancel", false, None, scale(1000, 5))),
         "cancel_pause" => on_worker(&rt, cancel("cancel_pause", false, ms, scale(1000, 5))),

@@ -20,6 +20,7 @@ use tokio::task::{AbortHandle, JoinHandle};
 
 use super::{Focus, Run, interrupted};
 use crate::active_runs::CURRENT_RUN;
+use crate::detectors::CallRecord;
 use crate::phase::panic_message;
 
 impl Run {
@@ -184,7 +185,7 @@ impl Run {
 
         let run_after_hooks = !cancelled && ending.is_none();
         let watch = self.detectors.watches_tool_calls();
-        let mut recorded: Vec<(&ToolCall, ToolResult)> = Vec::new();
+        let mut records: Vec<CallRecord> = Vec::new();
         for (call, result) in calls.iter().zip(results) {
             let Some(result) = result else { continue };
             if run_after_hooks && ending.is_none() {
@@ -206,21 +207,18 @@ impl Run {
                 is_error: result.is_error,
             });
             if watch {
-                self.history_mut().push(result.to_message());
-                recorded.push((call, result));
-            } else {
-                self.history_mut().push(result.into_message());
+                records.push(CallRecord::new(call, &result));
             }
+            self.history_mut().push(result.into_message());
         }
         if cancelled {
             return Err(self.cancelled_reason());
         }
-        if ending.is_none() && watch {
-            let round: Vec<(&ToolCall, &ToolResult)> =
-                recorded.iter().map(|(c, r)| (*c, r)).collect();
-            if let Some(verdict) = self.detectors.observe_tool_results(&round) {
-                self.apply_verdict(verdict);
-            }
+        if ending.is_none()
+            && watch
+            && let Some(verdict) = self.detectors.observe_tool_results(&records)
+        {
+            self.apply_verdict(verdict);
         }
         ending.map_or(Ok(()), Err)
     }

@@ -27,6 +27,8 @@ pub use stuck::{STUCK_NUDGE, StuckDetector};
 pub use tool_calls::{MAX_TOOL_LOOP_THRESHOLD, ToolCallLoopDetector};
 pub use tool_errors::ToolErrorLoopDetector;
 
+use std::sync::Arc;
+
 use rein_runtime_contract::lifecycle::{OnDetect, StopConditionSpec, StoppedReason};
 use rein_runtime_contract::message::{ToolCall, ToolResult};
 
@@ -90,10 +92,38 @@ enum ToolDetector {
 }
 
 impl ToolDetector {
-    fn observe_round(&mut self, round: &[(&ToolCall, &ToolResult)]) -> Option<Verdict> {
+    fn observe_records(&mut self, records: &[CallRecord]) -> Option<Verdict> {
         match self {
-            Self::Calls(d) => d.observe_round(round),
-            Self::Errors(d) => d.observe_round(round),
+            Self::Calls(d) => d.observe_records(records),
+            Self::Errors(d) => d.observe_records(records),
+        }
+    }
+}
+
+/// What the tool-call detectors keep of one finished call, made once per
+/// call for all of them, so the result itself can move into the history.
+#[derive(Debug, Clone)]
+pub(crate) struct CallRecord {
+    /// Name, canonical arguments and result text.
+    key: u64,
+    name: Arc<str>,
+    /// For a failed call: the key of its name and arguments alone, and the
+    /// start of its error text.
+    failure: Option<(u64, String)>,
+}
+
+impl CallRecord {
+    /// The record of `call` answered by `result`.
+    pub(crate) fn new(call: &ToolCall, result: &ToolResult) -> Self {
+        Self {
+            key: tool_calls::call_key(call, Some(&result.content)),
+            name: Arc::from(call.name.as_str()),
+            failure: result.is_error.then(|| {
+                (
+                    tool_calls::call_key(call, None),
+                    snippet(&result.content, 200),
+                )
+            }),
         }
     }
 }
@@ -173,15 +203,12 @@ impl Detectors {
         self.chanting.iter_mut().find_map(|d| d.observe(text))
     }
 
-    /// The round's tool calls with their results, in call order; the first
-    /// verdict, in list order.
-    pub(crate) fn observe_tool_results(
-        &mut self,
-        round: &[(&ToolCall, &ToolResult)],
-    ) -> Option<Verdict> {
+    /// The round's finished calls, in call order; the first verdict, in
+    /// list order.
+    pub(crate) fn observe_tool_results(&mut self, records: &[CallRecord]) -> Option<Verdict> {
         let mut verdict = None;
         for d in &mut self.tool_loops {
-            let v = d.observe_round(round);
+            let v = d.observe_records(records);
             if verdict.is_none() {
                 verdict = v;
             }

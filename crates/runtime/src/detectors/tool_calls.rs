@@ -17,63 +17,91 @@
 
 use std::collections::VecDeque;
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::io::Write;
+use std::sync::Arc;
 
 use rein_runtime_contract::lifecycle::OnDetect;
 use rein_runtime_contract::message::{ToolCall, ToolResult};
 
-use super::{Escalation, Verdict};
+use super::{CallRecord, Escalation, Verdict};
 
 /// Writes `value` as JSON with object keys sorted, whatever the map type.
-/// Keys and scalars are written straight into `out` (no string per key).
-pub(crate) fn canonical_json(value: &serde_json::Value, out: &mut Vec<u8>) {
+/// Keys and scalars are written straight into `out` (no string per key);
+/// an object whose keys are already in order is not copied to sort it.
+pub(crate) fn canonical_json<W: Write>(value: &serde_json::Value, out: &mut W) {
     use serde_json::Value;
     match value {
         Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push(b'{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_scalar(k, out);
-                out.push(b':');
-                canonical_json(v, out);
+            let _ = out.write_all(b"{");
+            if map.keys().is_sorted() {
+                write_entries(map.iter(), out);
+            } else {
+                let mut entries: Vec<_> = map.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                write_entries(entries.into_iter(), out);
             }
-            out.push(b'}');
+            let _ = out.write_all(b"}");
         }
         Value::Array(items) => {
-            out.push(b'[');
+            let _ = out.write_all(b"[");
             for (i, v) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(b',');
+                    let _ = out.write_all(b",");
                 }
                 canonical_json(v, out);
             }
-            out.push(b']');
+            let _ = out.write_all(b"]");
         }
         other => write_scalar(other, out),
     }
 }
 
-/// Serializes a string or scalar into `out`. Writing into a `Vec` cannot
-/// fail, and neither can serializing a string or a JSON scalar.
-fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
+fn write_entries<'a, W: Write>(
+    entries: impl Iterator<Item = (&'a String, &'a serde_json::Value)>,
+    out: &mut W,
+) {
+    for (i, (k, v)) in entries.enumerate() {
+        if i > 0 {
+            let _ = out.write_all(b",");
+        }
+        write_scalar(k, out);
+        let _ = out.write_all(b":");
+        canonical_json(v, out);
+    }
+}
+
+/// Serializes a string or scalar into `out`. The writers used here (a
+/// `Vec`, a hasher) cannot fail, and neither can serializing a string or a
+/// JSON scalar.
+fn write_scalar<T: serde::Serialize + ?Sized, W: Write>(value: &T, out: &mut W) {
     let _ = serde_json::to_writer(out, value);
+}
+
+/// Feeds written bytes straight into a hasher: the canonical JSON of the
+/// arguments is hashed, never stored.
+struct HashWriter<'a>(&'a mut DefaultHasher);
+
+impl Write for HashWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.write(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The key of a call: its name, canonical arguments and, when given, its
 /// result text.
 pub(crate) fn call_key(call: &ToolCall, result: Option<&str>) -> u64 {
-    let mut args = Vec::new();
-    canonical_json(&call.arguments, &mut args);
     let mut h = DefaultHasher::new();
-    (&call.name, &args, result).hash(&mut h);
+    call.name.hash(&mut h);
+    canonical_json(&call.arguments, &mut HashWriter(&mut h));
+    // 0xFF never occurs in UTF-8 JSON: it ends the arguments unambiguously.
+    h.write_u8(0xFF);
+    result.hash(&mut h);
     h.finish()
-}
-
-fn key(call: &ToolCall, result: &ToolResult) -> u64 {
-    call_key(call, Some(&result.content))
 }
 
 /// The largest `threshold` a tool-call loop accepts; larger values set in
@@ -91,7 +119,7 @@ pub struct ToolCallLoopDetector {
     /// The stop code: `tool_call_loop` or `tool_call_cycle`.
     code: &'static str,
     /// Keys of the most recent calls (at most `threshold × max_cycle`), with names.
-    history: VecDeque<(u64, String)>,
+    history: VecDeque<(u64, Arc<str>)>,
     escalation: Escalation,
     /// After a nudge: the key of the call the loop would continue with.
     /// Repeating it as the very next call means the nudge failed.
@@ -148,25 +176,31 @@ impl ToolCallLoopDetector {
 
     /// Records one round's calls and checks the tail of the history.
     pub fn observe_round(&mut self, round: &[(&ToolCall, &ToolResult)]) -> Option<Verdict> {
+        let records: Vec<CallRecord> = round.iter().map(|(c, r)| CallRecord::new(c, r)).collect();
+        self.observe_records(&records)
+    }
+
+    /// [`observe_round`](Self::observe_round) over records made once per
+    /// call for every detector.
+    pub(crate) fn observe_records(&mut self, records: &[CallRecord]) -> Option<Verdict> {
         let keep = self.threshold.saturating_mul(self.max_cycle);
         // After a nudge, the next call repeating the loop is the nudge
         // failing: stop on it rather than wait for a fresh streak.
-        if let (Some(next), Some((call, result))) = (self.nudged_next.take(), round.first())
-            && key(call, result) == next
+        if let (Some(next), Some(first)) = (self.nudged_next.take(), records.first())
+            && first.key == next
         {
             let detail = format!(
                 "the tool call {} was repeated right after a nudge to stop repeating it",
-                call.name
+                first.name
             );
             return Some(
                 self.escalation
-                    .fire(self.code, detail, &tool_loop_nudge(&call.name)),
+                    .fire(self.code, detail, &tool_loop_nudge(&first.name)),
             );
         }
         let mut found = None;
-        for (call, result) in round {
-            self.history
-                .push_back((key(call, result), call.name.clone()));
+        for record in records {
+            self.history.push_back((record.key, record.name.clone()));
             if self.history.len() > keep {
                 self.history.pop_front();
             }
@@ -179,7 +213,7 @@ impl ToolCallLoopDetector {
         let names: Vec<&str> = self
             .history
             .range(n - cycle..)
-            .map(|(_, name)| name.as_str())
+            .map(|(_, name)| &**name)
             .collect();
         let tools = names.join(" → ");
         let detail = format!(

@@ -17,8 +17,7 @@
 use rein_runtime_contract::lifecycle::OnDetect;
 use rein_runtime_contract::message::{ToolCall, ToolResult};
 
-use super::tool_calls::call_key;
-use super::{Escalation, MAX_TOOL_LOOP_THRESHOLD, Verdict, snippet};
+use super::{CallRecord, Escalation, MAX_TOOL_LOOP_THRESHOLD, Verdict};
 
 /// The nudge text for a call that keeps failing.
 pub(crate) fn tool_error_nudge(tool: &str, failures: usize) -> String {
@@ -55,27 +54,32 @@ impl ToolErrorLoopDetector {
     /// Records one round's calls, in call order; the verdict of the first
     /// call that completes a streak.
     pub fn observe_round(&mut self, round: &[(&ToolCall, &ToolResult)]) -> Option<Verdict> {
+        let records: Vec<CallRecord> = round.iter().map(|(c, r)| CallRecord::new(c, r)).collect();
+        self.observe_records(&records)
+    }
+
+    /// [`observe_round`](Self::observe_round) over records made once per
+    /// call for every detector.
+    pub(crate) fn observe_records(&mut self, records: &[CallRecord]) -> Option<Verdict> {
         let nudged_next = self.nudged_next.take();
         let mut verdict = None;
-        for (i, (call, result)) in round.iter().enumerate() {
-            if !result.is_error {
+        for (i, record) in records.iter().enumerate() {
+            let Some((key, error)) = &record.failure else {
                 self.streak = None;
                 continue;
-            }
-            let key = call_key(call, None);
+            };
+            let (key, name) = (*key, &record.name);
             // After a nudge, the very next call failing the same way is the
             // nudge failing: stop on it rather than wait for a fresh streak.
             if i == 0 && nudged_next == Some(key) {
                 self.streak = None;
                 let detail = format!(
-                    "the tool call {} failed again with the same arguments right after a nudge to stop calling it (last error: {})",
-                    call.name,
-                    snippet(&result.content, 200)
+                    "the tool call {name} failed again with the same arguments right after a nudge to stop calling it (last error: {error})"
                 );
                 verdict = Some(self.escalation.fire(
                     "tool_error_loop",
                     detail,
-                    &tool_error_nudge(&call.name, self.threshold),
+                    &tool_error_nudge(name, self.threshold),
                 ));
                 continue;
             }
@@ -88,15 +92,11 @@ impl ToolErrorLoopDetector {
                 continue;
             }
             let detail = format!(
-                "the tool call {} failed {count} times in a row with the same arguments (last error: {})",
-                call.name,
-                snippet(&result.content, 200)
+                "the tool call {name} failed {count} times in a row with the same arguments (last error: {error})"
             );
-            let v = self.escalation.fire(
-                "tool_error_loop",
-                detail,
-                &tool_error_nudge(&call.name, count),
-            );
+            let v = self
+                .escalation
+                .fire("tool_error_loop", detail, &tool_error_nudge(name, count));
             if matches!(v, Verdict::Nudge(_)) {
                 self.nudged_next = Some(key);
                 self.streak = None;
