@@ -113,6 +113,11 @@ pub(crate) struct CallRecord {
 }
 
 impl CallRecord {
+    /// The records of a round's calls, in call order.
+    pub(crate) fn of_round(round: &[(&ToolCall, &ToolResult)]) -> Vec<Self> {
+        round.iter().map(|(c, r)| Self::new(c, r)).collect()
+    }
+
     /// The record of `call` answered by `result`.
     pub(crate) fn new(call: &ToolCall, result: &ToolResult) -> Self {
         Self {

@@ -176,8 +176,7 @@ impl ToolCallLoopDetector {
 
     /// Records one round's calls and checks the tail of the history.
     pub fn observe_round(&mut self, round: &[(&ToolCall, &ToolResult)]) -> Option<Verdict> {
-        let records: Vec<CallRecord> = round.iter().map(|(c, r)| CallRecord::new(c, r)).collect();
-        self.observe_records(&records)
+        self.observe_records(&CallRecord::of_round(round))
     }
 
     /// [`observe_round`](Self::observe_round) over records made once per

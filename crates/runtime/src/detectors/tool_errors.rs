@@ -54,8 +54,7 @@ impl ToolErrorLoopDetector {
     /// Records one round's calls, in call order; the verdict of the first
     /// call that completes a streak.
     pub fn observe_round(&mut self, round: &[(&ToolCall, &ToolResult)]) -> Option<Verdict> {
-        let records: Vec<CallRecord> = round.iter().map(|(c, r)| CallRecord::new(c, r)).collect();
-        self.observe_records(&records)
+        self.observe_records(&CallRecord::of_round(round))
     }
 
     /// [`observe_round`](Self::observe_round) over records made once per
