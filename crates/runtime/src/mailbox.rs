@@ -62,8 +62,6 @@ impl Mailbox {
     /// is appended (an active run it already interrupted stays cancelled).
     /// The returned handle may be dropped: the run goes on unobserved.
     pub async fn submit(&self, request: RunRequest) -> Result<RunHandle, RuntimeError> {
-        // Checks that need no lock fail fast, before queueing.
-        self.inner.check(&request)?;
         let thread_id = request.thread_id.clone();
         // Declared first, dropped last: after the lock's guard and this
         // submission's reference to it are gone, also when the future is

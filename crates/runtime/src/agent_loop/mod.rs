@@ -114,7 +114,6 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         usage: TokenUsage::default(),
         usage_complete: true,
         response: String::new(),
-        retry_attempt: None,
     };
     run.emit(|| AgentEvent::RunStarted {
         run_id: run.id.run_id.clone(),
@@ -174,9 +173,6 @@ struct Run {
     usage: TokenUsage,
     usage_complete: bool,
     response: String,
-    /// Set after a retryable failure: the attempt number of the next
-    /// inference, which is announced as a retry, not a new round.
-    retry_attempt: Option<u32>,
 }
 
 /// Sends `event` to `sink`, containing a panic in the sink: a sink that
@@ -335,7 +331,13 @@ impl Run {
             self.steps += 1;
             // A request for another round applies to the round it was made in.
             self.directives.another_round = false;
-            match self.retry_attempt.take() {
+            // The loop only goes on after a failed inference to retry it,
+            // so a failure streak means this round is a retry.
+            let failed_before = self
+                .state
+                .get::<StopStatsKey>()
+                .map_or(0, |s| s.consecutive_errors);
+            match (failed_before > 0).then(|| failed_before.saturating_add(1)) {
                 Some(attempt) => self.emit(|| AgentEvent::RetryStarted {
                     run_id: self.id.run_id.clone(),
                     thread_id: self.id.thread_id.clone(),
@@ -582,7 +584,6 @@ impl Run {
             delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
         });
         tracing::debug!(attempt, ?delay, %error, "retrying inference");
-        self.retry_attempt = Some(attempt.saturating_add(1));
         tokio::select! {
             biased;
             _ = interrupted(&self.control) => Some(self.cancelled_reason()),
