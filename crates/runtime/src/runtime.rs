@@ -152,8 +152,13 @@ pub(crate) enum StartError {
 
 impl Inner {
     pub(crate) fn next_run_id(&self) -> Arc<str> {
+        Arc::from(self.next_id("run"))
+    }
+
+    /// `<prefix>-<n>` from the one counter behind every id the runtime makes.
+    fn next_id(&self, prefix: &str) -> String {
         let n = self.next_run.fetch_add(1, Ordering::Relaxed);
-        Arc::from(format!("run-{n}"))
+        format!("{prefix}-{n}")
     }
 
     fn agent_for(&self, request: &RunRequest) -> Result<Arc<Agent>, RuntimeError> {
@@ -644,8 +649,7 @@ impl AgentRuntime {
     /// A fresh id from the runtime's run-id counter, with `prefix` instead
     /// of `run` (e.g. `auto-7`): unique among the runtime's ids.
     pub fn next_id(&self, prefix: &str) -> String {
-        let n = self.inner.next_run.fetch_add(1, Ordering::Relaxed);
-        format!("{prefix}-{n}")
+        self.inner.next_id(prefix)
     }
 
     #[cfg(test)]
