@@ -225,6 +225,16 @@ impl AgentRuntimeBuilder {
         self
     }
 
+    /// Adds tools every agent can call, each under its descriptor's name —
+    /// e.g. the `Arc<dyn Tool>`s made by [`tool_fn`](crate::tools::tool_fn)
+    /// and [`typed`](crate::tools::typed).
+    pub fn with_tools(mut self, tools: impl IntoIterator<Item = Arc<dyn Tool>>) -> Self {
+        for tool in tools {
+            self.tools.push((tool.descriptor().name, tool));
+        }
+        self
+    }
+
     /// Registers a plugin under `id`; agents activate it by listing `id` in
     /// `plugin_ids`.
     pub fn with_plugin(mut self, id: impl Into<String>, plugin: Arc<dyn Plugin>) -> Self {

@@ -39,6 +39,7 @@ mod run;
 mod runtime;
 mod state;
 pub mod thread_store;
+pub mod tools;
 
 pub use builder::{AgentRuntimeBuilder, BuildError, DEFAULT_CANCEL_WAIT_TIMEOUT};
 pub use extensions::RunObserver;
