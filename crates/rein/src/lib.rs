@@ -87,9 +87,41 @@ pub use ::async_trait::async_trait;
 /// The `serde_json` crate: tool arguments and results are `serde_json::Value`s.
 pub use serde_json;
 
+/// The `serde` crate, for typed tools' arguments and outputs. Its derive
+/// needs `serde` in your `Cargo.toml`, or `#[serde(crate = "rein::serde")]`.
+pub use serde;
+
+/// The `schemars` crate (1.x), which generates typed tools' schemas. With
+/// `use rein::schemars;` in scope, `#[derive(schemars::JsonSchema)]` works
+/// without a `schemars` dependency of your own.
+pub use schemars;
+
 pub use rein_runtime_contract::config;
 
-pub use rein_runtime::{auto, detectors, phase, plugin, plugins, policies, thread_store};
+pub use rein_runtime::{
+    auto, detectors, phase, plugin, plugins, policies, telemetry, thread_store,
+};
+
+/// Tools: the [`Tool`](tools::Tool) trait and its types, and typed tools —
+/// [`tool_fn`](tools::tool_fn) for an async closure, [`TypedTool`](tools::TypedTool)
+/// with [`typed`](tools::typed) for a trait impl — whose parameters schema
+/// is generated from the arguments' type.
+pub mod tools {
+    pub use rein_runtime::tools::{TypedTool, parameters_schema, tool_fn, typed};
+    pub use rein_runtime_contract::tool::{
+        Tool, ToolContext, ToolDescriptor, ToolError, ToolOutput,
+    };
+}
+
+/// Events: what a run reports as it goes ([`AgentEvent`](events::AgentEvent)),
+/// where it goes ([`EventSink`](events::EventSink), [`RunStream`](events::RunStream)),
+/// and a ready-made [`TerminalPrinter`](events::TerminalPrinter).
+pub mod events {
+    pub use rein_runtime::{RunStream, TerminalPrinter};
+    pub use rein_runtime_contract::event::{
+        AgentEvent, CancelCause, CollectingSink, EventSink, NullSink,
+    };
+}
 
 /// Agent and model specifications.
 pub mod registry_spec {
@@ -106,7 +138,7 @@ pub mod engine {
 
 pub use rein_runtime::{
     AgentRunResult, AgentRuntime, AgentRuntimeBuilder, BuildError, DEFAULT_CANCEL_WAIT_TIMEOUT,
-    Mailbox, RunHandle, RunObserver, RunRequest, RuntimeError,
+    Mailbox, RunHandle, RunObserver, RunRequest, RunStream, RuntimeError, TerminalPrinter,
 };
 pub use rein_runtime_contract::CancellationToken;
 pub use rein_runtime_contract::event::CollectingSink;
@@ -121,9 +153,10 @@ pub mod prelude {
     pub use rein_providers::{GenaiExecutor, ScriptedExecutor, ScriptedResponse};
     pub use rein_runtime::phase::{HookError, PhaseContext, PhaseHook};
     pub use rein_runtime::plugin::{Plugin, PluginRegistrar};
+    pub use rein_runtime::tools::{TypedTool, tool_fn, typed};
     pub use rein_runtime::{
         AgentRunResult, AgentRuntime, AgentRuntimeBuilder, BuildError, Mailbox, RunHandle,
-        RunRequest, RuntimeError,
+        RunRequest, RunStream, RuntimeError, TerminalPrinter,
     };
     pub use rein_runtime_contract::CancellationToken;
     pub use rein_runtime_contract::config::{

@@ -287,7 +287,25 @@ impl InferenceErrorKind {
         )
     }
 
-    /// The kind's snake-case name, as used in messages.
+    /// The kind as an identifier (`rate_limited`, `context_overflow`, …),
+    /// e.g. for a trace's `error.type`.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::RateLimited => "rate_limited",
+            Self::Overloaded => "overloaded",
+            Self::Timeout => "timeout",
+            Self::Server => "server_error",
+            Self::Connection => "connection_error",
+            Self::StreamCut => "stream_cut",
+            Self::InvalidRequest => "invalid_request",
+            Self::Unauthorized => "unauthorized",
+            Self::ContextOverflow => "context_overflow",
+            Self::NotFound => "not_found",
+            Self::Other => "other",
+        }
+    }
+
+    /// The kind's name in words, as used in messages.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::RateLimited => "rate limited",

@@ -214,6 +214,17 @@ impl TerminationReason {
         Self::Stopped(StoppedReason::new(code, detail))
     }
 
+    /// A short code for the reason: `natural_end`, `cancelled`, `error`,
+    /// or a stopped run's stop code (`max_rounds`, `timeout`, …).
+    pub fn code(&self) -> &str {
+        match self {
+            Self::NaturalEnd => "natural_end",
+            Self::Stopped(r) => &r.code,
+            Self::Cancelled => "cancelled",
+            Self::Error(_) => "error",
+        }
+    }
+
     /// The stop code if this is `Stopped`.
     pub fn stop_code(&self) -> Option<&str> {
         match self {

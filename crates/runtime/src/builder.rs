@@ -207,6 +207,7 @@ impl AgentRuntimeBuilder {
                 default_sink: Arc::new(NullSink),
                 cancel_wait: DEFAULT_CANCEL_WAIT_TIMEOUT,
                 backoff: RetryBackoff::default(),
+                trace_content: false,
                 observers: Vec::new(),
                 extensions: HashMap::new(),
             },
@@ -270,6 +271,15 @@ impl AgentRuntimeBuilder {
     /// The sink for runs whose request names none (default: events are dropped).
     pub fn with_event_sink(mut self, sink: Arc<dyn EventSink>) -> Self {
         self.config.default_sink = sink;
+        self
+    }
+
+    /// Whether the GenAI tracing spans record message contents — the
+    /// prompt and answer on `chat` spans, a tool's arguments and result on
+    /// `execute_tool` spans (default `false`: they may hold personal
+    /// data). See [`telemetry`](crate::telemetry).
+    pub fn with_trace_content(mut self, record: bool) -> Self {
+        self.config.trace_content = record;
         self
     }
 

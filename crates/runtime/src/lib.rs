@@ -35,9 +35,12 @@ pub mod phase;
 pub mod plugin;
 pub mod plugins;
 pub mod policies;
+mod printer;
 mod run;
 mod runtime;
 mod state;
+mod stream;
+pub mod telemetry;
 pub mod thread_store;
 pub mod tools;
 
@@ -46,3 +49,5 @@ pub use extensions::RunObserver;
 pub use mailbox::{Mailbox, RunHandle};
 pub use run::{AgentRunResult, RunRequest};
 pub use runtime::{AgentRuntime, RuntimeError};
+pub use printer::TerminalPrinter;
+pub use stream::RunStream;

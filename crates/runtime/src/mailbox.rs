@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 use crate::active_runs::RunControl;
 use crate::run::{AgentRunResult, RunRequest};
 use crate::runtime::{Inner, RuntimeError, StartError};
+use crate::stream::RunStream;
 
 /// Submits input to threads. Cheap to clone; `Send + Sync`.
 #[derive(Clone)]
@@ -78,6 +79,32 @@ impl Mailbox {
             .clone();
         let _serial = lock.lock().await;
         self.submit_serialized(request).await
+    }
+
+    /// Like [`submit`](Self::submit), and the run's events as a stream
+    /// (see [`RunStream`]); they also go to the sink the run would have
+    /// had (the request's, else the runtime's default).
+    ///
+    /// # Errors
+    ///
+    /// As for [`submit`](Self::submit).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`submit`](Self::submit) until it returns; dropping the
+    /// returned stream before it ended cancels the run (cause `Requested`),
+    /// unlike dropping a [`RunHandle`].
+    pub async fn submit_stream(&self, mut request: RunRequest) -> Result<RunStream, RuntimeError> {
+        let (events, cancellation) =
+            RunStream::prepare(&mut request, &self.inner.config.default_sink);
+        let handle = self.submit(request).await?;
+        let run_id = handle.control().run_id.clone();
+        Ok(RunStream::new(
+            run_id,
+            events,
+            cancellation,
+            Box::pin(handle.wait()),
+        ))
     }
 
     async fn submit_serialized(&self, mut request: RunRequest) -> Result<RunHandle, RuntimeError> {

@@ -26,6 +26,8 @@ use crate::history::validate_input;
 use crate::mailbox::{Mailbox, RunHandle};
 use crate::phase::panic_message;
 use crate::run::{AgentRunResult, RunRequest};
+use crate::stream::RunStream;
+use crate::telemetry;
 use crate::thread_store::ThreadStore;
 
 /// Why a run could not be started or awaited.
@@ -118,6 +120,7 @@ pub(crate) struct RuntimeConfig {
     pub(crate) default_sink: Arc<dyn EventSink>,
     pub(crate) cancel_wait: Duration,
     pub(crate) backoff: RetryBackoff,
+    pub(crate) trace_content: bool,
     pub(crate) observers: Vec<Arc<dyn RunObserver>>,
     pub(crate) extensions: HashMap<std::any::TypeId, Box<dyn Any + Send + Sync>>,
 }
@@ -129,6 +132,7 @@ pub(crate) struct RunConfig {
     pub(crate) default_sink: Arc<dyn EventSink>,
     pub(crate) cancel_wait: Duration,
     pub(crate) backoff: RetryBackoff,
+    pub(crate) trace_content: bool,
 }
 
 pub(crate) struct Inner {
@@ -159,6 +163,29 @@ impl Inner {
     fn next_id(&self, prefix: &str) -> String {
         let n = self.next_run.fetch_add(1, Ordering::Relaxed);
         format!("{prefix}-{n}")
+    }
+
+    /// Checks, starts and awaits one run (see [`AgentRuntime::run`]).
+    async fn run(
+        &self,
+        request: RunRequest,
+        sink: Arc<dyn EventSink>,
+        run_id: Option<Arc<str>>,
+    ) -> Result<AgentRunResult, RuntimeError> {
+        self.check_conversation(&request).await?;
+        let handle = match self.start(request, Some(sink), run_id) {
+            Ok(handle) => handle,
+            Err(StartError::Busy(request)) => {
+                return Err(RuntimeError::ThreadAlreadyRunning {
+                    thread_id: request.thread_id,
+                });
+            }
+            Err(StartError::Other(e)) => return Err(e),
+        };
+        let mut guard = CancelOnDrop(Some(handle.control().clone()));
+        let result = handle.wait().await;
+        guard.0 = None;
+        result
     }
 
     fn agent_for(&self, request: &RunRequest) -> Result<Arc<Agent>, RuntimeError> {
@@ -287,8 +314,10 @@ impl Inner {
             store: self.config.store.clone(),
             backoff: self.config.backoff,
             tool_choice,
+            trace_content: self.config.trace_content,
         };
-        let span = tracing::info_span!("run", run_id = %run_id, thread_id = %thread_id);
+        let span = telemetry::run_span(&setup.agent.spec.id, &thread_id, &run_id);
+        let run_span = span.clone();
         let task_run_id = run_id.clone();
         let task_control = control.clone();
         let observers = self.observers.clone();
@@ -306,6 +335,7 @@ impl Inner {
                         internal_failure(&task_control, &thread_id, &*sink, payload.as_ref())
                     }
                 };
+                telemetry::record_run_end(&run_span, &result.termination);
                 // Before the slot is released, so the thread's next run
                 // starts after the observers saw this one end.
                 let seen = AssertUnwindSafe(|| observers.run_finished(&result));
@@ -404,6 +434,7 @@ impl AgentRuntime {
             default_sink,
             cancel_wait,
             backoff,
+            trace_content,
             observers,
             extensions,
         } = config;
@@ -416,6 +447,7 @@ impl AgentRuntime {
                     default_sink,
                     cancel_wait,
                     backoff,
+                    trace_content,
                 },
                 root: CancellationToken::new(),
                 shut_down: AtomicBool::new(false),
@@ -449,20 +481,31 @@ impl AgentRuntime {
         request: RunRequest,
         sink: Arc<dyn EventSink>,
     ) -> Result<AgentRunResult, RuntimeError> {
-        self.inner.check_conversation(&request).await?;
-        let handle = match self.inner.start(request, Some(sink), None) {
-            Ok(handle) => handle,
-            Err(StartError::Busy(request)) => {
-                return Err(RuntimeError::ThreadAlreadyRunning {
-                    thread_id: request.thread_id,
-                });
-            }
-            Err(StartError::Other(e)) => return Err(e),
-        };
-        let mut guard = CancelOnDrop(Some(handle.control().clone()));
-        let result = handle.wait().await;
-        guard.0 = None;
-        result
+        self.inner.run(request, sink, None).await
+    }
+
+    /// Starts `request` and returns its events as a stream that ends with
+    /// `RunFinished`; [`RunStream::result`] then has what
+    /// [`run`](Self::run) would have returned. Events also go to the sink
+    /// the run would have had (the request's, else the runtime's default).
+    ///
+    /// Nothing happens until the stream is first polled. A run that cannot
+    /// start ends the stream at once, and its [`RuntimeError`] is the
+    /// stream's result. No event is lost for a slow consumer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the stream before it ended cancels the run (cause
+    /// `Requested`), as dropping [`run`](Self::run)'s future does.
+    pub fn run_stream(&self, mut request: RunRequest) -> RunStream {
+        let (events, cancellation) =
+            RunStream::prepare(&mut request, &self.inner.config.default_sink);
+        let run_id = self.inner.next_run_id();
+        let inner = self.inner.clone();
+        let sink = self.inner.config.default_sink.clone();
+        let id = run_id.clone();
+        let run = async move { inner.run(request, sink, Some(id)).await }.boxed();
+        RunStream::new(run_id, events, cancellation, run)
     }
 
     /// Like [`run`](Self::run), with the runtime's default event sink.

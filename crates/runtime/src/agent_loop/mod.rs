@@ -43,6 +43,7 @@ use rein_runtime_contract::lifecycle::{StoppedReason, TerminationReason};
 use rein_runtime_contract::message::{Message, TokenUsage, ToolCall, ToolResult};
 use rein_runtime_contract::phase::Phase;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::active_runs::RunControl;
 use crate::agent::{Agent, GuardItem};
@@ -53,6 +54,7 @@ use crate::plugins::EmittedOutputs;
 use crate::policies::{InferenceRecord, StopDecision, StopStatsKey, record_inference};
 use crate::run::AgentRunResult;
 use crate::state::RunState;
+use crate::telemetry;
 use crate::thread_store::{ThreadStore, ThreadStoreError};
 
 /// Everything a run needs to start.
@@ -64,6 +66,8 @@ pub(crate) struct RunSetup {
     pub(crate) store: Arc<dyn ThreadStore>,
     pub(crate) backoff: RetryBackoff,
     pub(crate) tool_choice: Option<ToolChoice>,
+    /// Whether spans record message contents.
+    pub(crate) trace_content: bool,
 }
 
 /// Runs one run to its end and reports it. Never panics on misbehaving
@@ -77,6 +81,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         store,
         backoff,
         tool_choice,
+        trace_content,
     } = setup;
     let mut request = InferenceRequest::new(agent.model.upstream_model.clone(), Vec::new());
     if !agent.spec.system_prompt.is_empty() {
@@ -105,6 +110,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         sink,
         store,
         backoff,
+        trace_content,
         request,
         persisted: 0,
         state,
@@ -161,6 +167,8 @@ struct Run {
     events: bool,
     store: Arc<dyn ThreadStore>,
     backoff: RetryBackoff,
+    /// Whether spans record message contents.
+    trace_content: bool,
     /// The next inference's request; `request.messages` is the history.
     request: InferenceRequest,
     /// How much of the history the store already has.
@@ -475,6 +483,7 @@ impl Run {
     /// the deadline.
     async fn infer(&mut self) -> Inference {
         let executor = self.agent.executor.clone();
+        let span = telemetry::chat_span(&self.agent.model, &self.request, self.trace_content);
         let mut partial = InferenceResponse::default();
         let mut cut = None;
         self.detectors.start_response();
@@ -528,13 +537,32 @@ impl Run {
                 }
                 Ok::<(), InferenceError>(())
             })
-            .catch_unwind();
+            .catch_unwind()
+            .instrument(span.clone());
             tokio::select! {
                 biased;
                 _ = interrupted(&self.control) => None,
                 outcome = work => Some(outcome),
             }
         };
+        let content = self.trace_content;
+        match &outcome {
+            None => telemetry::record_chat_response(&span, &partial, "cancelled", content),
+            Some(Ok(Ok(()))) => {
+                let reason = match (stopped, &cut, partial.tool_calls.is_empty()) {
+                    (true, _, _) => "cancelled",
+                    (false, Some(_), _) => "cut",
+                    (false, None, true) => "stop",
+                    (false, None, false) => "tool_calls",
+                };
+                telemetry::record_chat_response(&span, &partial, reason, content);
+            }
+            Some(Ok(Err(error))) => telemetry::record_chat_error(&span, error),
+            Some(Err(_)) => telemetry::record_chat_error(
+                &span,
+                &InferenceError::new(InferenceErrorKind::Other, "executor panicked"),
+            ),
+        }
         match outcome {
             None => Inference::Interrupted(partial),
             Some(Ok(Ok(()))) if stopped => Inference::Interrupted(partial),

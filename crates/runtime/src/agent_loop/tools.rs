@@ -17,11 +17,13 @@ use rein_runtime_contract::message::{ToolCall, ToolResult};
 use rein_runtime_contract::phase::Phase;
 use rein_runtime_contract::tool::{Tool, ToolContext};
 use tokio::task::{AbortHandle, JoinHandle};
+use tracing::Instrument;
 
 use super::{Focus, Run, interrupted};
 use crate::active_runs::CURRENT_RUN;
 use crate::detectors::CallRecord;
 use crate::phase::panic_message;
+use crate::telemetry;
 
 impl Run {
     fn started(&self, call: &ToolCall) {
@@ -48,21 +50,26 @@ impl Run {
         );
         let args = call.arguments.clone();
         let (call_id, name) = (call.id.clone(), call.name.clone());
+        let trace_content = self.trace_content;
+        let span = telemetry::tool_span(&name, &call_id, &args, trace_content);
+        let span_in = span.clone();
         async move {
             let outcome = AssertUnwindSafe(tool.execute(args, &ctx))
                 .catch_unwind()
                 .await;
-            let (content, is_error) = match outcome {
-                Ok(Ok(output)) => (output.to_content(), false),
-                Ok(Err(error)) => (format!("error: {error}"), true),
+            let (content, error_type) = match outcome {
+                Ok(Ok(output)) => (output.to_content(), None),
+                Ok(Err(error)) => (format!("error: {error}"), Some("tool_error")),
                 Err(payload) => (
                     format!(
                         "error: tool \"{name}\" panicked: {}",
                         panic_message(payload.as_ref())
                     ),
-                    true,
+                    Some("panic"),
                 ),
             };
+            telemetry::record_tool_outcome(&span_in, error_type, &content, trace_content);
+            let is_error = error_type.is_some();
             ToolResult {
                 call_id,
                 name,
@@ -70,6 +77,7 @@ impl Run {
                 is_error,
             }
         }
+        .instrument(span)
     }
 
     fn unknown_tool(&self, call: &ToolCall) -> ToolResult {

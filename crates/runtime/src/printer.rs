@@ -1,0 +1,228 @@
+//! [`TerminalPrinter`]: a run's events for a person at a terminal.
+//!
+//! The model's text goes to standard output as it streams; everything
+//! about the run — tool calls and results, retries, nudges, auto-mode
+//! progress, and why the run ended — goes to standard error, one line
+//! each, so `program > answer.txt` keeps only the answer.
+
+use std::io::Write;
+use std::sync::Mutex;
+
+use futures::StreamExt;
+use rein_runtime_contract::event::{AgentEvent, CancelCause, EventSink};
+use rein_runtime_contract::lifecycle::TerminationReason;
+
+use crate::run::AgentRunResult;
+use crate::runtime::RuntimeError;
+use crate::stream::RunStream;
+
+/// How much of a tool's arguments or result a line shows.
+const SHOWN_CHARS: usize = 160;
+
+/// Prints a run's events: streamed text to stdout, the rest to stderr.
+///
+/// Use it as a sink (`RunRequest::with_event_sink(Arc::new(TerminalPrinter::new()))`)
+/// or on a stream:
+///
+/// ```no_run
+/// # async fn demo(runtime: rein_runtime::AgentRuntime, request: rein_runtime::RunRequest)
+/// # -> Result<(), rein_runtime::RuntimeError> {
+/// use rein_runtime::TerminalPrinter;
+/// let result = TerminalPrinter::new().print_stream(runtime.run_stream(request)).await?;
+/// # Ok(()) }
+/// ```
+///
+/// Lines it writes to stderr:
+///
+/// ```text
+/// [tool] weather {"city":"Paris"}
+/// [tool] weather -> {"celsius":14,"city":"Paris","sky":"light rain"}
+/// [tool] weather failed: error: no weather station for "Oslo"
+/// [retry] attempt 2 in 500 ms: rate limited (429)
+/// [nudge] You are repeating yourself; …
+/// [auto] round 2 done (1200 tokens)
+/// [end] natural end · 2 rounds · 113 tokens in / 27 out
+/// [end] stopped (max_rounds): … · …
+/// [end] cancelled (interrupted by run-7) · …
+/// ```
+pub struct TerminalPrinter {
+    out: Mutex<Output>,
+}
+
+struct Output {
+    stdout: Box<dyn Write + Send>,
+    stderr: Box<dyn Write + Send>,
+    /// Whether the last thing written to stdout left a line open.
+    open_line: bool,
+}
+
+impl std::fmt::Debug for TerminalPrinter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TerminalPrinter").finish_non_exhaustive()
+    }
+}
+
+impl Default for TerminalPrinter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TerminalPrinter {
+    /// A printer to the process's stdout and stderr.
+    pub fn new() -> Self {
+        Self::with_writers(std::io::stdout(), std::io::stderr())
+    }
+
+    /// A printer to other writers (a file, a buffer in a test): `text` gets
+    /// the model's text, `status` the rest.
+    pub fn with_writers(
+        text: impl Write + Send + 'static,
+        status: impl Write + Send + 'static,
+    ) -> Self {
+        Self {
+            out: Mutex::new(Output {
+                stdout: Box::new(text),
+                stderr: Box::new(status),
+                open_line: false,
+            }),
+        }
+    }
+
+    /// Prints one event. Write errors (a closed pipe) are ignored: printing
+    /// never fails a run.
+    pub fn print(&self, event: &AgentEvent) {
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = out.print(event);
+    }
+
+    /// Prints every event of `stream` and returns the run's result.
+    ///
+    /// # Errors
+    ///
+    /// The run's [`RuntimeError`] when it could not start.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops the stream, which cancels the run.
+    pub async fn print_stream(
+        &self,
+        mut stream: RunStream,
+    ) -> Result<AgentRunResult, RuntimeError> {
+        while let Some(event) = stream.next().await {
+            self.print(&event);
+        }
+        stream.wait().await
+    }
+}
+
+impl EventSink for TerminalPrinter {
+    fn emit(&self, event: AgentEvent) {
+        self.print(&event);
+    }
+}
+
+impl Output {
+    fn print(&mut self, event: &AgentEvent) -> std::io::Result<()> {
+        if let AgentEvent::TextDelta { delta, .. } = event {
+            self.stdout.write_all(delta.as_bytes())?;
+            self.open_line = !delta.ends_with('\n');
+            return self.stdout.flush();
+        }
+        let Some(line) = status_line(event) else {
+            return Ok(());
+        };
+        if self.open_line {
+            // End the streamed text's line before a status line interrupts it.
+            self.stdout.write_all(b"\n")?;
+            self.stdout.flush()?;
+            self.open_line = false;
+        }
+        writeln!(self.stderr, "{line}")?;
+        self.stderr.flush()
+    }
+}
+
+/// The stderr line for an event; `None` for events not worth a line.
+fn status_line(event: &AgentEvent) -> Option<String> {
+    Some(match event {
+        AgentEvent::ToolCallStarted {
+            name, arguments, ..
+        } => format!("[tool] {name} {}", shorten(&arguments.to_string())),
+        AgentEvent::ToolCallFinished {
+            name,
+            result,
+            is_error: false,
+            ..
+        } => format!("[tool] {name} -> {}", shorten(result)),
+        AgentEvent::ToolCallFinished {
+            name,
+            result,
+            is_error: true,
+            ..
+        } => format!("[tool] {name} failed: {}", shorten(result)),
+        AgentEvent::InferenceRetry {
+            attempt,
+            error,
+            delay_ms,
+            ..
+        } => format!(
+            "[retry] attempt {} in {delay_ms} ms: {}",
+            attempt.saturating_add(1),
+            shorten(error)
+        ),
+        AgentEvent::Nudge { text, .. } => format!("[nudge] {}", shorten(text)),
+        AgentEvent::Progress {
+            message,
+            tokens_used_session,
+            ..
+        } => format!("[auto] {message} ({tokens_used_session} tokens)"),
+        AgentEvent::RunFinished {
+            termination,
+            cancel_cause,
+            steps,
+            usage,
+            ..
+        } => {
+            let reason = match (termination, cancel_cause) {
+                (TerminationReason::Cancelled, Some(CancelCause::Interrupted { by_run_id })) => {
+                    format!("cancelled (interrupted by {by_run_id})")
+                }
+                (TerminationReason::Cancelled, Some(CancelCause::Shutdown)) => {
+                    "cancelled (shutdown)".to_owned()
+                }
+                (other, _) => other.to_string(),
+            };
+            format!(
+                "[end] {reason} · {steps} round{} · {} tokens in / {} out",
+                if *steps == 1 { "" } else { "s" },
+                usage.input_tokens,
+                usage.output_tokens
+            )
+        }
+        _ => return None,
+    })
+}
+
+/// The first line of `text`, at most [`SHOWN_CHARS`] characters, marked
+/// with `…` when cut.
+fn shorten(text: &str) -> String {
+    let first = text.lines().next().unwrap_or("");
+    let mut shown: String = first.chars().take(SHOWN_CHARS).collect();
+    if shown.len() < text.len() {
+        shown.push('…');
+    }
+    shown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shorten_keeps_short_single_lines_and_marks_cuts() {
+        assert_eq!(shorten("ok"), "ok");
+        assert_eq!(shorten("a\nb"), "a…");
+        assert_eq!(shorten(&"x".repeat(200)).chars().count(), SHOWN_CHARS + 1);
+    }
+}
