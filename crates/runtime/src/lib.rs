@@ -47,7 +47,7 @@ pub mod tools;
 pub use builder::{AgentRuntimeBuilder, BuildError, DEFAULT_CANCEL_WAIT_TIMEOUT};
 pub use extensions::RunObserver;
 pub use mailbox::{Mailbox, RunHandle};
+pub use printer::TerminalPrinter;
 pub use run::{AgentRunResult, RunRequest};
 pub use runtime::{AgentRuntime, RuntimeError};
-pub use printer::TerminalPrinter;
 pub use stream::RunStream;
