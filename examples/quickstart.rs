@@ -1,85 +1,46 @@
-//! The quickstart: one agent, one tool, an offline scripted model.
+//! The quickstart: one agent, one typed tool, an offline scripted model.
 //!
 //! Run it with `cargo run --example quickstart`. It prints the answer as it
-//! streams, each tool call with its result, and why the run ended.
+//! streams (stdout), each tool call with its result and why the run ended
+//! (stderr).
 
-use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rein::prelude::*;
+use rein::schemars;
 use rein::serde_json::json;
 
-/// A tool that reports the weather of a city (from a fixed table).
-struct Weather;
-
-#[rein::async_trait]
-impl Tool for Weather {
-    fn descriptor(&self) -> ToolDescriptor {
-        ToolDescriptor::new("weather", "Current weather for a city").with_parameters(json!({
-            "type": "object",
-            "properties": { "city": { "type": "string" } },
-            "required": ["city"]
-        }))
-    }
-
-    async fn execute(
-        &self,
-        args: rein::serde_json::Value,
-        _ctx: &ToolContext,
-    ) -> Result<ToolOutput, ToolError> {
-        let city = args["city"]
-            .as_str()
-            .ok_or_else(|| ToolError::new("missing string argument \"city\""))?;
-        let (sky, celsius) = match city {
-            "Paris" => ("light rain", 14),
-            "Lisbon" => ("sunny", 22),
-            _ => return Err(ToolError::new(format!("no weather station for \"{city}\""))),
-        };
-        Ok(ToolOutput::json(
-            json!({ "city": city, "sky": sky, "celsius": celsius }),
-        ))
-    }
+/// The weather tool's arguments; their JSON schema is generated.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct City {
+    /// The city, e.g. "Paris".
+    city: String,
 }
 
-/// Prints events as they happen.
-struct Printer;
-
-impl EventSink for Printer {
-    fn emit(&self, event: AgentEvent) {
-        match event {
-            AgentEvent::TextDelta { delta, .. } => {
-                print!("{delta}");
-                let _ = std::io::stdout().flush();
-            }
-            AgentEvent::ToolCallStarted {
-                name, arguments, ..
-            } => println!("\n[tool call] {name} {arguments}"),
-            AgentEvent::ToolCallFinished {
-                name,
-                result,
-                is_error,
-                ..
-            } => {
-                let status = if is_error { "error" } else { "ok" };
-                println!("[tool result] {name} ({status}): {result}");
-            }
-            AgentEvent::RunFinished {
-                termination,
-                steps,
-                usage,
-                ..
-            } => println!(
-                "\n[run finished] {termination} after {steps} rounds, {} tokens in / {} out",
-                usage.input_tokens, usage.output_tokens
-            ),
-            _ => {}
-        }
-    }
+/// The weather tool's output, shown to the model as JSON.
+#[derive(serde::Serialize)]
+struct Weather {
+    city: String,
+    sky: &'static str,
+    celsius: i32,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let weather = tool_fn(
+        "weather",
+        "Current weather for a city",
+        |args: City, _ctx: ToolContext| async move {
+            let (sky, celsius) = match args.city.as_str() {
+                "Paris" => ("light rain", 14),
+                "Lisbon" => ("sunny", 22),
+                other => return Err(ToolError::new(format!("no weather station for \"{other}\""))),
+            };
+            Ok(Weather { city: args.city, sky, celsius })
+        },
+    );
+
     // The model's two answers, scripted: first it asks for the weather, then
     // it answers with the tool's result. Words stream 40 ms apart.
     let model = ScriptedExecutor::new(vec![
@@ -101,7 +62,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .with_model(ModelSpec::new("scripted", "offline", "quickstart-script"))
         .with_provider("offline", Arc::new(model))
-        .with_tool("weather", Arc::new(Weather))
+        .with_tools([weather])
         .build()?;
 
     let request = RunRequest::new(
@@ -109,7 +70,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         vec![Message::user("Do I need an umbrella in Paris?")],
     );
     println!("> Do I need an umbrella in Paris?");
-    let result = runtime.run(request, Arc::new(Printer)).await?;
+    let result = TerminalPrinter::new()
+        .print_stream(runtime.run_stream(request))
+        .await?;
 
     println!(
         "termination: {}",

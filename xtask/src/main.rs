@@ -1,7 +1,8 @@
 //! Project automation, run as `cargo xtask <command>`.
 //!
 //! - `ci`: the checks CI runs — `cargo fmt --check`, `cargo clippy` with
-//!   `-D warnings`, every test of the workspace, and the doc tests.
+//!   `-D warnings`, every test of the workspace, and the doc tests (all
+//!   with every feature, so the `otel` exporter is checked too).
 //! - `local-llm start|stop|status|install`: a local OpenAI-compatible model
 //!   server for the live tests (see `local_llm`).
 //! - `bench [NAME…] [--json PATH] [--tiny] [--timeout SECS]`: the benchmark
@@ -180,12 +181,14 @@ fn ci() -> Result<(), String> {
         "clippy",
         "--workspace",
         "--all-targets",
+        "--all-features",
         "--",
         "-D",
         "warnings",
     ])?;
-    cargo(&["test", "--workspace", "--all-targets"])?;
-    cargo(&["test", "--workspace", "--doc"])?;
+    // All features: the `otel` exporter is built and tested too.
+    cargo(&["test", "--workspace", "--all-targets", "--all-features"])?;
+    cargo(&["test", "--workspace", "--doc", "--all-features"])?;
     // The benchmarks are not run in CI, but each runs once at a tiny size so
     // they cannot rot.
     bench::main(&["--tiny".to_owned()])?;

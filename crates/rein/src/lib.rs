@@ -79,6 +79,9 @@
 
 pub use rein_runtime_contract as contract;
 
+#[cfg(feature = "otel")]
+pub mod otel;
+
 /// The `async-trait` crate, which Rein's traits are declared with. Its
 /// attribute is re-exported too, as `#[rein::async_trait]`.
 pub use ::async_trait;

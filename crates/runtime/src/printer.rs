@@ -42,8 +42,8 @@ const SHOWN_CHARS: usize = 160;
 /// [nudge] You are repeating yourself; …
 /// [auto] round 2 done (1200 tokens)
 /// [end] natural end · 2 rounds · 113 tokens in / 27 out
-/// [end] stopped (max_rounds): … · …
-/// [end] cancelled (interrupted by run-7) · …
+/// [end] stopped (max_rounds): … · 16 rounds · …
+/// [end] cancelled (interrupted by run-7) · 3 rounds   (no usage reported)
 /// ```
 pub struct TerminalPrinter {
     out: Mutex<Output>,
@@ -193,12 +193,15 @@ fn status_line(event: &AgentEvent) -> Option<String> {
                 }
                 (other, _) => other.to_string(),
             };
-            format!(
-                "[end] {reason} · {steps} round{} · {} tokens in / {} out",
-                if *steps == 1 { "" } else { "s" },
-                usage.input_tokens,
-                usage.output_tokens
-            )
+            let rounds = format!("{steps} round{}", if *steps == 1 { "" } else { "s" });
+            if usage.input_tokens == 0 && usage.output_tokens == 0 {
+                format!("[end] {reason} · {rounds}")
+            } else {
+                format!(
+                    "[end] {reason} · {rounds} · {} tokens in / {} out",
+                    usage.input_tokens, usage.output_tokens
+                )
+            }
         }
         _ => return None,
     })
