@@ -35,9 +35,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let (sky, celsius) = match args.city.as_str() {
                 "Paris" => ("light rain", 14),
                 "Lisbon" => ("sunny", 22),
-                other => return Err(ToolError::new(format!("no weather station for \"{other}\""))),
+                other => {
+                    return Err(ToolError::new(format!(
+                        "no weather station for \"{other}\""
+                    )));
+                }
             };
-            Ok(Weather { city: args.city, sky, celsius })
+            Ok(Weather {
+                city: args.city,
+                sky,
+                celsius,
+            })
         },
     );
 

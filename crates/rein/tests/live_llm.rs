@@ -170,6 +170,92 @@ async fn a_forced_tool_call_runs_the_tool_and_the_model_answers_after_it() {
     );
 }
 
+/// A typed tool's arguments: a nested struct, an enum, an optional field.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Booking {
+    /// Who the table is for.
+    guest: Guest,
+    /// Which meal.
+    meal: Meal,
+    /// Any special request.
+    note: Option<String>,
+}
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Guest {
+    /// The guest's name.
+    name: String,
+    /// How many people.
+    party_size: u32,
+}
+
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+enum Meal {
+    Lunch,
+    Dinner,
+}
+
+#[tokio::test]
+async fn a_generated_schema_is_accepted_and_the_forced_call_parses_into_the_struct() {
+    let Some((url, _turn)) = live() else {
+        return;
+    };
+    let booked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = booked.clone();
+    let book = rein::tools::tool_fn(
+        "book_table",
+        "Book a restaurant table",
+        move |args: Booking, _ctx: ToolContext| {
+            let seen = seen.clone();
+            async move {
+                let Booking { guest, meal, note } = args;
+                let booked = format!(
+                    "{meal:?} for {} ({} people){}",
+                    guest.name,
+                    guest.party_size,
+                    note.map(|n| format!(", note: {n}")).unwrap_or_default()
+                );
+                seen.lock().unwrap().push(booked.clone());
+                Ok::<_, ToolError>(booked)
+            }
+        },
+    );
+    // Forced for the first inference only; the second answers in text.
+    let rt = runtime(
+        GenaiExecutor::openai_compatible(url, None),
+        spec().with_tool_choice(ToolChoice::None).with_max_rounds(2),
+        128,
+    )
+    .with_tools([book])
+    .build()
+    .unwrap();
+    let request = user("t", "Book dinner for Ada, a party of 2, by the window.")
+        .with_tool_choice(ToolChoice::Tool("book_table".into()));
+    let sink = Arc::new(CollectingSink::new());
+    let r = rt.run(request, sink.clone()).await.unwrap();
+    assert!(r.steps >= 1, "{r:?}");
+    let results: Vec<(String, bool)> = sink
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            AgentEvent::ToolCallFinished {
+                result, is_error, ..
+            } => Some((result, is_error)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(
+        !results[0].1,
+        "the arguments did not parse: {}",
+        results[0].0
+    );
+    let booked = booked.lock().unwrap();
+    assert_eq!(booked.len(), 1, "the tool ran once with typed arguments");
+    assert_history_valid(&rt.thread_messages("t").await);
+}
+
 #[tokio::test]
 async fn usage_is_captured_on_a_non_streaming_call() {
     let Some((url, _turn)) = live() else {

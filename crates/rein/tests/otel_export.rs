@@ -15,8 +15,8 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
-use std::sync::mpsc;
 use std::sync::Arc;
+use std::sync::mpsc;
 use std::time::Duration;
 
 use common::*;
@@ -75,7 +75,11 @@ fn collector() -> (String, mpsc::Receiver<(String, String)>) {
 #[tokio::test]
 async fn a_runs_genai_spans_are_exported_over_otlp() {
     let (url, bodies) = collector();
-    let (layer, guard) = Otlp::new("rein-test").with_endpoint(&url).with_json().layer().unwrap();
+    let (layer, guard) = Otlp::new("rein-test")
+        .with_endpoint(&url)
+        .with_json()
+        .layer()
+        .unwrap();
     let subscriber = tracing_subscriber::registry().with(layer);
     let _default = tracing::subscriber::set_default(subscriber);
 
@@ -89,7 +93,10 @@ async fn a_runs_genai_spans_are_exported_over_otlp() {
     .with_tool("echo", Arc::new(Echo("echo")))
     .build()
     .unwrap();
-    runtime.run_to_completion(user("t-otel", "go")).await.unwrap();
+    runtime
+        .run_to_completion(user("t-otel", "go"))
+        .await
+        .unwrap();
     for _ in 0..10 {
         tokio::task::yield_now().await;
     }
