@@ -16,86 +16,17 @@
 //! the example forces the first call (`RunRequest::with_tool_choice`) and
 //! lets the spec's `none` apply afterwards.
 
-use std::io::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use rein::engine::GenaiExecutor;
 use rein::prelude::*;
-use rein::serde_json::json;
+use rein::schemars;
 
-struct Weather;
-
-#[rein::async_trait]
-impl Tool for Weather {
-    fn descriptor(&self) -> ToolDescriptor {
-        ToolDescriptor::new("weather", "Current weather for a city").with_parameters(json!({
-            "type": "object",
-            "properties": { "city": { "type": "string" } },
-            "required": ["city"]
-        }))
-    }
-
-    async fn execute(
-        &self,
-        args: rein::serde_json::Value,
-        _ctx: &ToolContext,
-    ) -> Result<ToolOutput, ToolError> {
-        let city = args["city"].as_str().unwrap_or("Paris");
-        Ok(ToolOutput::json(
-            json!({ "city": city, "sky": "light rain", "celsius": 14 }),
-        ))
-    }
-}
-
-/// Prints events as they happen: the answer as it streams, tool calls and
-/// retries on lines of their own.
-#[derive(Default)]
-struct Printer {
-    /// Streamed text was printed and its line is not finished yet.
-    mid_line: AtomicBool,
-}
-
-impl Printer {
-    /// Finishes the streamed answer's line, if one is open, so that what
-    /// follows (and the program's last line) starts on a line of its own.
-    fn end_line(&self) {
-        if self.mid_line.swap(false, Ordering::Relaxed) {
-            println!();
-        }
-    }
-}
-
-impl EventSink for Printer {
-    fn emit(&self, event: AgentEvent) {
-        match event {
-            AgentEvent::TextDelta { delta, .. } => {
-                print!("{delta}");
-                let _ = std::io::stdout().flush();
-                if !delta.is_empty() {
-                    self.mid_line
-                        .store(!delta.ends_with('\n'), Ordering::Relaxed);
-                }
-            }
-            AgentEvent::ToolCallStarted {
-                name, arguments, ..
-            } => {
-                self.end_line();
-                println!("[tool call] {name} {arguments}");
-            }
-            AgentEvent::ToolCallFinished { name, result, .. } => {
-                self.end_line();
-                println!("[tool result] {name}: {result}");
-            }
-            AgentEvent::InferenceRetry {
-                error, delay_ms, ..
-            } => {
-                self.end_line();
-                println!("[retry in {delay_ms} ms] {error}");
-            }
-            _ => {}
-        }
-    }
+/// The weather tool's arguments.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct City {
+    /// The city, e.g. "Paris".
+    city: String,
 }
 
 fn flag(args: &[String], name: &str) -> Option<String> {
@@ -132,7 +63,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .with_max_output_tokens(64),
         )
         .with_provider("provider", Arc::new(executor))
-        .with_tool("weather", Arc::new(Weather))
+        .with_tools([tool_fn(
+            "weather",
+            "Current weather for a city",
+            |args: City, _ctx: ToolContext| async move {
+                Ok::<_, ToolError>(rein::serde_json::json!({
+                    "city": args.city, "sky": "light rain", "celsius": 14
+                }))
+            },
+        )])
         .build()?;
 
     let question = "Do I need an umbrella in Paris today?";
@@ -141,12 +80,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(choice) = first_choice {
         request = request.with_tool_choice(choice);
     }
-    let printer = Arc::new(Printer::default());
-    let result = runtime.run(request, printer.clone()).await;
-    // The answer streams without a newline; end its line before anything
-    // else is printed, the error of a failed run included.
-    printer.end_line();
-    let result = result?;
+    // The answer streams to stdout; tool calls, retries and the end to stderr.
+    let result = TerminalPrinter::new()
+        .print_stream(runtime.run_stream(request))
+        .await?;
     println!("termination: {}", result.termination);
     let usage = if result.usage_complete {
         format!("{:?}", result.usage)

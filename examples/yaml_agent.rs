@@ -8,25 +8,14 @@ use std::sync::Arc;
 
 use rein::config::load_agent_spec_file;
 use rein::prelude::*;
+use rein::schemars;
 use rein::serde_json::json;
 
-struct Lookup;
-
-#[rein::async_trait]
-impl Tool for Lookup {
-    fn descriptor(&self) -> ToolDescriptor {
-        ToolDescriptor::new("lookup", "Look up a customer's plan")
-    }
-
-    async fn execute(
-        &self,
-        args: rein::serde_json::Value,
-        _ctx: &ToolContext,
-    ) -> Result<ToolOutput, ToolError> {
-        Ok(ToolOutput::json(
-            json!({ "customer": args["customer"], "plan": "enterprise" }),
-        ))
-    }
+/// The lookup tool's arguments.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Customer {
+    /// The customer's id.
+    customer: String,
 }
 
 #[tokio::main]
@@ -47,7 +36,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_agent_spec(spec)
         .with_model(ModelSpec::new("scripted", "offline", "triage-script"))
         .with_provider("offline", Arc::new(model))
-        .with_tool("lookup", Arc::new(Lookup))
+        .with_tools([tool_fn(
+            "lookup",
+            "Look up a customer's plan",
+            |args: Customer, _ctx: ToolContext| async move {
+                Ok::<_, ToolError>(json!({ "customer": args.customer, "plan": "enterprise" }))
+            },
+        )])
         .build()?;
     let result = runtime
         .run_to_completion(RunRequest::new(
