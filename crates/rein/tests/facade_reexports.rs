@@ -1,6 +1,7 @@
 //! The facade is enough on its own: a tool is written with
 //! `#[rein::async_trait]` (or `#[rein::async_trait::async_trait]`) and
-//! `rein::serde_json`, the prelude has the executors and the YAML loaders,
+//! `rein::serde_json`, a typed tool with `rein::schemars` and `rein::serde`,
+//! the prelude has the executors, the typed-tool functions and the YAML loaders,
 //! and it holds nothing named `Result`, `Error`, `spec` or `request`.
 //!
 //! This file names no crate but `rein` (and tokio for `#[tokio::test]`).
@@ -111,4 +112,38 @@ fn the_prelude_has_the_genai_executor_and_the_file_loaders() {
     let e: ConfigError = load_agent_spec_file(missing).unwrap_err();
     assert_eq!(e.path(), Some(std::path::Path::new(missing)));
     assert!(load_stop_conditions_file(missing).is_err());
+}
+
+/// A typed tool's arguments, derived through the facade only: `schemars`
+/// through `use rein::schemars`, serde through its `crate` attribute.
+mod typed_through_the_facade {
+    use rein::schemars;
+
+    #[derive(rein::serde::Deserialize, schemars::JsonSchema)]
+    #[serde(crate = "rein::serde")]
+    pub(crate) struct Named {
+        pub(crate) name: String,
+    }
+}
+
+#[tokio::test]
+async fn a_typed_tool_needs_only_rein_paths() {
+    use typed_through_the_facade::Named;
+    let hello = tool_fn(
+        "hello",
+        "says hello",
+        |args: Named, _ctx: ToolContext| async move {
+            Ok::<_, ToolError>(format!("hello, {}", args.name))
+        },
+    );
+    assert_eq!(
+        hello.descriptor().parameters["required"],
+        rein::serde_json::json!(["name"])
+    );
+    let ctx = ToolContext::new("t", "r", "c", CancellationToken::new());
+    let out = hello
+        .execute(rein::serde_json::json!({"name": "Ada"}), &ctx)
+        .await
+        .unwrap();
+    assert_eq!(out.to_content(), "hello, Ada");
 }
