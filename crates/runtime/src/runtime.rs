@@ -165,27 +165,33 @@ impl Inner {
         format!("{prefix}-{n}")
     }
 
-    /// Checks, starts and awaits one run (see [`AgentRuntime::run`]).
+    /// Checks, starts and awaits one run with a given id (see
+    /// [`AgentRuntime::run`]).
     async fn run(
         &self,
         request: RunRequest,
         sink: Arc<dyn EventSink>,
-        run_id: Option<Arc<str>>,
+        run_id: Arc<str>,
     ) -> Result<AgentRunResult, RuntimeError> {
         self.check_conversation(&request).await?;
-        let handle = match self.start(request, Some(sink), run_id) {
-            Ok(handle) => handle,
-            Err(StartError::Busy(request)) => {
-                return Err(RuntimeError::ThreadAlreadyRunning {
-                    thread_id: request.thread_id,
-                });
-            }
-            Err(StartError::Other(e)) => return Err(e),
-        };
-        let mut guard = CancelOnDrop(Some(handle.control().clone()));
-        let result = handle.wait().await;
-        guard.0 = None;
-        result
+        let handle = self.start_run(request, Some(sink), Some(run_id))?;
+        await_run(handle).await
+    }
+
+    /// [`start`](Self::start) for a caller that does not wait for a busy
+    /// thread: busy is [`RuntimeError::ThreadAlreadyRunning`].
+    fn start_run(
+        &self,
+        request: RunRequest,
+        sink: Option<Arc<dyn EventSink>>,
+        run_id: Option<Arc<str>>,
+    ) -> Result<RunHandle, RuntimeError> {
+        self.start(request, sink, run_id).map_err(|e| match e {
+            StartError::Busy(request) => RuntimeError::ThreadAlreadyRunning {
+                thread_id: request.thread_id,
+            },
+            StartError::Other(e) => e,
+        })
     }
 
     fn agent_for(&self, request: &RunRequest) -> Result<Arc<Agent>, RuntimeError> {
@@ -317,7 +323,6 @@ impl Inner {
             trace_content: self.config.trace_content,
         };
         let span = telemetry::run_span(&setup.agent.spec.id, &thread_id, &run_id);
-        let run_span = span.clone();
         let task_run_id = run_id.clone();
         let task_control = control.clone();
         let observers = self.observers.clone();
@@ -335,7 +340,8 @@ impl Inner {
                         internal_failure(&task_control, &thread_id, &*sink, payload.as_ref())
                     }
                 };
-                telemetry::record_run_end(&run_span, &result.termination);
+                // The task runs in the run's span (no second handle kept).
+                telemetry::record_run_end(&tracing::Span::current(), &result.termination);
                 // Before the slot is released, so the thread's next run
                 // starts after the observers saw this one end.
                 let seen = AssertUnwindSafe(|| observers.run_finished(&result));
@@ -396,6 +402,14 @@ fn failed_result(run_id: &str, thread_id: &str, termination: TerminationReason) 
         outputs: Default::default(),
         exports: Default::default(),
     }
+}
+
+/// Awaits a started run; dropping the future cancels it (cause `Requested`).
+async fn await_run(handle: RunHandle) -> Result<AgentRunResult, RuntimeError> {
+    let mut guard = CancelOnDrop(Some(handle.control().clone()));
+    let result = handle.wait().await;
+    guard.0 = None;
+    result
 }
 
 /// Cancels a run when the future awaiting it is dropped.
@@ -481,7 +495,12 @@ impl AgentRuntime {
         request: RunRequest,
         sink: Arc<dyn EventSink>,
     ) -> Result<AgentRunResult, RuntimeError> {
-        self.inner.run(request, sink, None).await
+        // Not delegated to `Inner::run`: an async fn keeps its arguments for
+        // its whole life, so nesting would hold the request twice in every
+        // waiting run (W2).
+        self.inner.check_conversation(&request).await?;
+        let handle = self.inner.start_run(request, Some(sink), None)?;
+        await_run(handle).await
     }
 
     /// Starts `request` and returns its events as a stream that ends with
@@ -504,7 +523,7 @@ impl AgentRuntime {
         let inner = self.inner.clone();
         let sink = self.inner.config.default_sink.clone();
         let id = run_id.clone();
-        let run = async move { inner.run(request, sink, Some(id)).await }.boxed();
+        let run = async move { inner.run(request, sink, id).await }.boxed();
         RunStream::new(run_id, events, cancellation, run)
     }
 

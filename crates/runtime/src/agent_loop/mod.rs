@@ -488,7 +488,7 @@ impl Run {
         let mut cut = None;
         self.detectors.start_response();
         let mut stopped = false;
-        let outcome = {
+        let (outcome, span) = {
             let request = &self.request;
             let sink = self.events.then_some(&self.sink);
             let id = &self.id;
@@ -538,12 +538,16 @@ impl Run {
                 Ok::<(), InferenceError>(())
             })
             .catch_unwind()
-            .instrument(span.clone());
-            tokio::select! {
+            .instrument(span);
+            // Pinned here so its span can be read back afterwards: the
+            // waiting future holds the span once, not twice.
+            let mut work = std::pin::pin!(work);
+            let outcome = tokio::select! {
                 biased;
                 _ = interrupted(&self.control) => None,
-                outcome = work => Some(outcome),
-            }
+                outcome = &mut work => Some(outcome),
+            };
+            (outcome, work.span().clone())
         };
         let content = self.trace_content;
         match &outcome {
