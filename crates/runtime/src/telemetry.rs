@@ -58,8 +58,7 @@ pub(crate) fn record_run_end(span: &Span, termination: &TerminationReason) {
     }
     span.record("rein.termination.code", termination.code());
     if let TerminationReason::Error(_) = termination {
-        span.record("error.type", "run_error");
-        span.record("otel.status_code", "ERROR");
+        mark_error(span, "run_error");
     }
 }
 
@@ -130,8 +129,7 @@ pub(crate) fn record_chat_error(span: &Span, error: &InferenceError) {
     if span.is_disabled() {
         return;
     }
-    span.record("error.type", error.kind().code());
-    span.record("otel.status_code", "ERROR");
+    mark_error(span, error.kind().code());
 }
 
 /// The `execute_tool` span of one call.
@@ -175,10 +173,15 @@ pub(crate) fn record_tool_outcome(
         return;
     }
     if let Some(error_type) = error_type {
-        span.record("error.type", error_type);
-        span.record("otel.status_code", "ERROR");
+        mark_error(span, error_type);
     }
     if content {
         span.record("gen_ai.tool.call.result", result);
     }
+}
+
+/// Marks a span failed: `error.type` and the OpenTelemetry status.
+fn mark_error(span: &Span, error_type: &str) {
+    span.record("error.type", error_type);
+    span.record("otel.status_code", "ERROR");
 }

@@ -52,6 +52,27 @@ fn not_json(tool: &str, error: &str) -> ToolError {
     ))
 }
 
+/// One typed call: parses `args` into `A`, runs `call`, serializes its
+/// output — what every typed tool's `execute` does.
+///
+/// # Errors
+///
+/// A [`ToolError`] from parsing, from `call`, or from serializing.
+pub(crate) async fn call_typed<A, O, Fut>(
+    tool: &str,
+    args: Value,
+    call: impl FnOnce(A) -> Fut,
+) -> Result<ToolOutput, ToolError>
+where
+    A: DeserializeOwned,
+    O: Serialize,
+    Fut: Future<Output = Result<O, ToolError>>,
+{
+    let args = parse::<A>(tool, args)?;
+    let value = call(args).await?;
+    output(tool, &value)
+}
+
 /// A typed output as the tool's output: a string is text, anything else JSON.
 ///
 /// # Errors

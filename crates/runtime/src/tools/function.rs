@@ -89,9 +89,9 @@ where
         args: serde_json::Value,
         ctx: &ToolContext,
     ) -> Result<ToolOutput, ToolError> {
-        let name = &self.descriptor.name;
-        let args = args::parse::<A>(name, args)?;
-        let output = self.handler.call(args, ctx.clone()).await?;
-        args::output(name, &output)
+        args::call_typed(&self.descriptor.name, args, |args: A| {
+            self.handler.call(args, ctx.clone())
+        })
+        .await
     }
 }

@@ -87,8 +87,9 @@ impl<T: TypedTool> Tool for Typed<T> {
         args: serde_json::Value,
         ctx: &ToolContext,
     ) -> Result<ToolOutput, ToolError> {
-        let args = args::parse::<T::Args>(T::NAME, args)?;
-        let output = self.tool.call(args, ctx.clone()).await?;
-        args::output(T::NAME, &output)
+        args::call_typed(T::NAME, args, |args: T::Args| {
+            self.tool.call(args, ctx.clone())
+        })
+        .await
     }
 }
