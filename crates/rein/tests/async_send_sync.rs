@@ -35,6 +35,23 @@ fn shared_types_are_send_and_sync() {
     is_send_sync::<Arc<dyn PhaseHook>>();
     is_send_sync::<Arc<dyn LlmExecutor>>();
     is_send_sync::<Arc<dyn EventSink>>();
+    is_send_sync::<TerminalPrinter>();
+}
+
+fn is_send_unpin_stream<S: futures::Stream<Item = AgentEvent> + Send + Unpin + 'static>(_: &S) {}
+
+#[tokio::test]
+async fn a_run_stream_is_a_send_unpin_stream_of_events_and_its_futures_are_send() {
+    let runtime = AgentRuntimeBuilder::new().build().unwrap();
+    let stream = runtime.run_stream(RunRequest::new("t", vec![]));
+    is_send_unpin_stream(&stream);
+    is_send(
+        &runtime
+            .mailbox()
+            .submit_stream(RunRequest::new("t", vec![])),
+    );
+    is_send(&TerminalPrinter::new().print_stream(runtime.run_stream(RunRequest::new("t", vec![]))));
+    is_send(&stream.wait());
 }
 
 #[test]
