@@ -141,6 +141,12 @@ impl ConfigError {
         self
     }
 
+    /// A serde_yaml error as a `ConfigError`, with its position (for
+    /// documents that embed agent specs, e.g. with [`AgentSpecSeed`]).
+    pub fn from_yaml_error(e: &serde_yaml::Error) -> Self {
+        Self::from_yaml(e, &[])
+    }
+
     /// Converts a serde_yaml error: its position becomes ours, and its path
     /// prefix (`.stop_conditions[1].seconds: `) becomes words naming the item
     /// and its `type` (from `kinds`) and the field.
@@ -268,7 +274,11 @@ pub fn load_agent_spec_yaml(text: &str) -> Result<AgentSpec, ConfigError> {
         _ => Vec::new(),
     };
     serde_yaml::Deserializer::from_str(text)
-        .deserialize_map(AgentSpecVisitor { kinds: &kinds })
+        .deserialize_map(AgentSpecVisitor {
+            kinds: &kinds,
+            keys: AGENT_SPEC_KEYS,
+        })
+        .map(|(spec, _)| spec)
         .map_err(|e| ConfigError::from_yaml(&e, &kinds))
 }
 
@@ -525,7 +535,8 @@ impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
 mod items;
 
 /// The keys of an agent spec document.
-const AGENT_SPEC_KEYS: &[&str] = &[
+/// The keys of an agent spec mapping.
+pub const AGENT_SPEC_KEYS: &[&str] = &[
     "id",
     "model_id",
     "system_prompt",
@@ -535,22 +546,65 @@ const AGENT_SPEC_KEYS: &[&str] = &[
     "tool_choice",
 ];
 
+/// Deserializes an agent spec that is one item of a larger YAML document
+/// (e.g. a deployment file's `agents:` list), so that errors keep their
+/// positions in the whole document. The document may give an agent more
+/// keys than a spec has: `keys` lists every accepted key ([`AGENT_SPEC_KEYS`]
+/// and the extra ones); the extra keys' values come back raw, in order.
+///
+/// `kinds` are the `type`s of the agent's stop conditions, learnt from a
+/// first pass over the document ([`stop_condition_kinds`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AgentSpecSeed<'k> {
+    kinds: &'k [Option<String>],
+    keys: &'static [&'static str],
+}
+
+impl<'k> AgentSpecSeed<'k> {
+    /// A seed accepting `keys` (which should include [`AGENT_SPEC_KEYS`]).
+    pub fn new(kinds: &'k [Option<String>], keys: &'static [&'static str]) -> Self {
+        Self { kinds, keys }
+    }
+}
+
+/// The `type` of each stop condition of an agent mapping (from a first,
+/// position-free pass), for [`AgentSpecSeed`].
+pub fn stop_condition_kinds(agent: &serde_yaml::Value) -> Vec<Option<String>> {
+    agent
+        .get("stop_conditions")
+        .map(item_kinds)
+        .unwrap_or_default()
+}
+
+impl<'de> DeserializeSeed<'de> for AgentSpecSeed<'_> {
+    type Value = (AgentSpec, Vec<(&'static str, serde_yaml::Value)>);
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(AgentSpecVisitor {
+            kinds: self.kinds,
+            keys: self.keys,
+        })
+    }
+}
+
 struct AgentSpecVisitor<'k> {
     kinds: &'k [Option<String>],
+    keys: &'static [&'static str],
 }
 
 impl<'de> Visitor<'de> for AgentSpecVisitor<'_> {
-    type Value = AgentSpec;
+    type Value = (AgentSpec, Vec<(&'static str, serde_yaml::Value)>);
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an agent spec mapping")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AgentSpec, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut id: Option<String> = None;
         let mut spec = AgentSpec::new("");
+        let mut extra = Vec::new();
         let mut seen: Vec<&'static str> = Vec::new();
-        while let Some(known) = map.next_key_seed(KeySeed(AGENT_SPEC_KEYS))? {
+        while let Some(known) = map.next_key_seed(KeySeed(self.keys))? {
             if seen.contains(&known) {
                 return Err(de::Error::duplicate_field(known));
             }
@@ -564,11 +618,12 @@ impl<'de> Visitor<'de> for AgentSpecVisitor<'_> {
                 "stop_conditions" => {
                     spec.stop_conditions = map.next_value_seed(ListSeed { kinds: self.kinds })?;
                 }
-                _ => spec.tool_choice = map.next_value::<ToolChoice>()?,
+                "tool_choice" => spec.tool_choice = map.next_value::<ToolChoice>()?,
+                other => extra.push((other, map.next_value::<serde_yaml::Value>()?)),
             }
         }
         spec.id = id.ok_or_else(|| de::Error::missing_field("id"))?;
-        Ok(spec)
+        Ok((spec, extra))
     }
 }
 

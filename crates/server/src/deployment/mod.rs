@@ -1,0 +1,585 @@
+//! The deployment file (`rein.yaml`): providers, models, MCP servers,
+//! agents, the store and the server's settings, loaded with every error
+//! given as `FILE:LINE:COLUMN: message`.
+//!
+//! Loading has two passes. serde_yaml deserializes the document (agents
+//! through the contract's [`AgentSpecSeed`], so agent and stop-condition
+//! errors are the same as everywhere else, with their positions); then
+//! every reference between sections is checked — a model's provider, an
+//! agent's model, plugins and tools — and each unknown id is reported at
+//! its value (positions from [`positions`]), naming it and listing the
+//! known ones. All reference errors are reported, not just the first.
+
+mod positions;
+mod scripted;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use rein::config::{AgentSpecSeed, ConfigError, stop_condition_kinds};
+use rein::registry_spec::AgentSpec;
+use serde::Deserialize;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+pub use scripted::{ScriptedItem, ScriptedReply, ScriptedToolCall};
+
+use positions::Positions;
+
+/// The plugins a deployment file can list in `plugin_ids`.
+pub const BUILT_IN_PLUGINS: &[&str] = &["terminate"];
+
+/// The separator of an MCP tool's qualified name: `<server id>__<tool>`.
+pub const MCP_TOOL_SEPARATOR: &str = "__";
+
+/// A loaded, checked deployment file.
+#[derive(Debug, Clone)]
+pub struct Deployment {
+    /// Providers by id.
+    pub providers: BTreeMap<String, ProviderConfig>,
+    /// Models by id.
+    pub models: BTreeMap<String, ModelConfig>,
+    /// MCP servers by id.
+    pub mcp_servers: BTreeMap<String, McpServerConfig>,
+    /// The agents, in file order.
+    pub agents: Vec<AgentConfig>,
+    /// Where threads are kept.
+    pub store: StoreConfig,
+    /// The HTTP server's settings.
+    pub server: ServerSettings,
+}
+
+/// A provider: how a model's requests reach an LLM.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ProviderConfig {
+    /// Hosted providers through genai, routed by model name; keys from the
+    /// usual environment variables.
+    Genai {},
+    /// An OpenAI-compatible server (llama.cpp, vLLM, …).
+    OpenaiCompatible {
+        /// The API's base URL, e.g. `http://127.0.0.1:8080/v1/`.
+        base_url: String,
+        /// The environment variable holding the API key (optional).
+        #[serde(default)]
+        api_key_env: Option<String>,
+    },
+    /// A script of replies, for offline demos and tests: shared by every
+    /// run that uses it, in order, the last one repeating.
+    Scripted {
+        /// The replies.
+        responses: Vec<ScriptedItem>,
+        /// The default wait before a reply starts, in milliseconds.
+        #[serde(default)]
+        delay_ms: Option<u64>,
+        /// The default wait between a reply's streamed chunks, in milliseconds.
+        #[serde(default)]
+        chunk_delay_ms: Option<u64>,
+    },
+}
+
+/// A model: a provider and the model's name there.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The provider id.
+    pub provider: String,
+    /// The upstream model name.
+    pub model: String,
+    /// Sampling temperature.
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    /// The answer's token limit.
+    #[serde(default)]
+    pub max_output_tokens: Option<u32>,
+}
+
+/// An MCP server: a command to run (stdio) or a URL (streamable HTTP).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// The command of a stdio server.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment variables for it.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Its working directory.
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// The URL of a streamable-HTTP server.
+    #[serde(default)]
+    pub url: Option<String>,
+}
+
+/// An agent: its spec, and the tools it lists by name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    /// The agent spec (the same shape as an agent spec file).
+    pub spec: AgentSpec,
+    /// Tools by name (MCP tools as `<server id>__<tool>`).
+    pub tools: Vec<String>,
+}
+
+/// Where threads are kept.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreConfig {
+    /// In this process's memory (lost when it exits).
+    Memory,
+    /// PostgreSQL, its URL in the named environment variable.
+    Postgres {
+        /// The environment variable holding the database URL.
+        url_env: String,
+    },
+}
+
+/// The HTTP server's settings (`server:`; every field optional).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSettings {
+    /// The largest accepted request body (default 1 MiB).
+    pub body_limit_bytes: usize,
+    /// How long a cancel waits for a run to release its thread, and
+    /// shutdown for each run (default 5000).
+    pub cancel_wait_ms: u64,
+    /// How long finished runs and their events are kept.
+    pub retention: Retention,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            body_limit_bytes: 1024 * 1024,
+            cancel_wait_ms: 5000,
+            retention: Retention::default(),
+        }
+    }
+}
+
+/// How long finished runs (records, events, idempotency keys) are kept:
+/// at most `max_finished_runs`, none older than `finished_run_ttl_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Retention {
+    /// The most finished runs kept (default 10 000); the oldest go first.
+    pub max_finished_runs: usize,
+    /// How long a finished run is kept, in seconds (default 3600).
+    pub finished_run_ttl_seconds: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            max_finished_runs: 10_000,
+            finished_run_ttl_seconds: 3600,
+        }
+    }
+}
+
+/// Why a deployment file was refused: every error found, each with its
+/// position. Displayed one per line as `FILE:LINE:COLUMN: message`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DeploymentError {
+    file: String,
+    errors: Vec<ConfigError>,
+}
+
+impl DeploymentError {
+    fn one(file: &str, error: ConfigError) -> Self {
+        Self {
+            file: file.to_owned(),
+            errors: vec![error],
+        }
+    }
+
+    /// The errors, in file order.
+    pub fn errors(&self) -> &[ConfigError] {
+        &self.errors
+    }
+
+    /// Each error as `FILE:LINE:COLUMN: message` (or `FILE: message`
+    /// without a position).
+    pub fn lines(&self) -> Vec<String> {
+        self.errors
+            .iter()
+            .map(|e| match (e.line(), e.column()) {
+                (Some(line), Some(column)) => {
+                    format!("{}:{line}:{column}: {}", self.file, e.message())
+                }
+                _ => format!("{}: {}", self.file, e.message()),
+            })
+            .collect()
+    }
+}
+
+impl fmt::Display for DeploymentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.lines().join("\n"))
+    }
+}
+
+impl fmt::Debug for DeploymentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl std::error::Error for DeploymentError {}
+
+impl Deployment {
+    /// Loads and checks a deployment file.
+    ///
+    /// # Errors
+    ///
+    /// A [`DeploymentError`] with every problem found: the file cannot be
+    /// read, invalid YAML, an unknown or mistyped key, an invalid agent or
+    /// stop condition, or an unknown id (provider, model, plugin, MCP
+    /// server, tool).
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, DeploymentError> {
+        let path = path.as_ref();
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            DeploymentError::one(
+                &file,
+                ConfigError::new(format!("cannot read the file: {e}")),
+            )
+        })?;
+        Self::from_yaml_named(&text, &file)
+    }
+
+    /// Loads and checks a deployment from YAML text (errors name the file
+    /// as `<text>`).
+    ///
+    /// # Errors
+    ///
+    /// As for [`load`](Self::load).
+    pub fn from_yaml(text: &str) -> Result<Self, DeploymentError> {
+        Self::from_yaml_named(text, "<text>")
+    }
+
+    fn from_yaml_named(text: &str, file: &str) -> Result<Self, DeploymentError> {
+        let first: serde_yaml::Value = serde_yaml::from_str(text)
+            .map_err(|e| DeploymentError::one(file, ConfigError::from_yaml_error(&e)))?;
+        let kinds: Vec<Vec<Option<String>>> = match first.get("agents") {
+            Some(serde_yaml::Value::Sequence(agents)) => {
+                agents.iter().map(stop_condition_kinds).collect()
+            }
+            _ => Vec::new(),
+        };
+        let deployment = DocumentSeed { kinds: &kinds }
+            .deserialize(serde_yaml::Deserializer::from_str(text))
+            .map_err(|e| DeploymentError::one(file, ConfigError::from_yaml_error(&e)))?;
+        let errors = deployment.check_references(&Positions::of(text));
+        if errors.is_empty() {
+            Ok(deployment)
+        } else {
+            Err(DeploymentError {
+                file: file.to_owned(),
+                errors,
+            })
+        }
+    }
+
+    /// The agent with this id.
+    pub fn agent(&self, id: &str) -> Option<&AgentConfig> {
+        self.agents.iter().find(|a| a.spec.id == id)
+    }
+
+    /// Every reference between sections, each unknown id an error at its
+    /// value.
+    fn check_references(&self, positions: &Positions) -> Vec<ConfigError> {
+        let mut errors = Vec::new();
+        let mut error = |path: &str, message: String| {
+            errors.push(match positions.get(path) {
+                Some((line, column)) => ConfigError::at(message, line, column),
+                None => ConfigError::new(message),
+            });
+        };
+        for (id, model) in &self.models {
+            if !self.providers.contains_key(&model.provider) {
+                error(
+                    &format!("models.{id}.provider"),
+                    format!(
+                        "model \"{id}\": unknown provider \"{}\"; known providers: {}",
+                        model.provider,
+                        known(self.providers.keys())
+                    ),
+                );
+            }
+        }
+        for (id, server) in &self.mcp_servers {
+            if server.command.is_some() == server.url.is_some() {
+                error(
+                    &format!("mcp_servers.{id}"),
+                    format!(
+                        "MCP server \"{id}\": give either `command` (stdio) or `url` (streamable HTTP)"
+                    ),
+                );
+            }
+        }
+        if self.agents.is_empty() {
+            error(
+                "agents",
+                "the file defines no agents; add one under `agents:`".to_owned(),
+            );
+        }
+        for (i, agent) in self.agents.iter().enumerate() {
+            let id = &agent.spec.id;
+            if self.agents[..i].iter().any(|a| a.spec.id == *id) {
+                error(
+                    &format!("agents[{i}].id"),
+                    format!("agent \"{id}\" is defined twice"),
+                );
+            }
+            if agent.spec.model_id.is_empty() {
+                error(
+                    &format!("agents[{i}]"),
+                    format!(
+                        "agent \"{id}\" has no model_id; known models: {}",
+                        known(self.models.keys())
+                    ),
+                );
+            } else if !self.models.contains_key(&agent.spec.model_id) {
+                error(
+                    &format!("agents[{i}].model_id"),
+                    format!(
+                        "agent \"{id}\": unknown model \"{}\"; known models: {}",
+                        agent.spec.model_id,
+                        known(self.models.keys())
+                    ),
+                );
+            }
+            for (j, plugin) in agent.spec.plugin_ids.iter().enumerate() {
+                if !BUILT_IN_PLUGINS.contains(&plugin.as_str()) {
+                    error(
+                        &format!("agents[{i}].plugin_ids[{j}]"),
+                        format!(
+                            "agent \"{id}\": unknown plugin \"{plugin}\"; known plugins: {}",
+                            BUILT_IN_PLUGINS.join(", ")
+                        ),
+                    );
+                }
+            }
+            for (j, tool) in agent.tools.iter().enumerate() {
+                let path = format!("agents[{i}].tools[{j}]");
+                match tool.split_once(MCP_TOOL_SEPARATOR) {
+                    Some((server, name)) if !server.is_empty() && !name.is_empty() => {
+                        if !self.mcp_servers.contains_key(server) {
+                            error(
+                                &path,
+                                format!(
+                                    "agent \"{id}\": tool \"{tool}\" names unknown MCP server \"{server}\"; known MCP servers: {}",
+                                    known(self.mcp_servers.keys())
+                                ),
+                            );
+                        }
+                    }
+                    _ => error(
+                        &path,
+                        format!(
+                            "agent \"{id}\": unknown tool \"{tool}\"; tools listed here come from MCP servers, named \"<server id>{MCP_TOOL_SEPARATOR}<tool>\" (known MCP servers: {}); plugin tools come with plugin_ids",
+                            known(self.mcp_servers.keys())
+                        ),
+                    ),
+                }
+            }
+        }
+        if let StoreConfig::Postgres { .. } = self.store {
+            error(
+                "store",
+                "store: postgres is not available in this build yet; use `store: memory`"
+                    .to_owned(),
+            );
+        }
+        errors
+    }
+}
+
+fn known<'a>(ids: impl Iterator<Item = &'a String>) -> String {
+    let ids: Vec<&str> = ids.map(String::as_str).collect();
+    if ids.is_empty() {
+        "none".to_owned()
+    } else {
+        ids.join(", ")
+    }
+}
+
+const DOCUMENT_KEYS: &[&str] = &[
+    "providers",
+    "models",
+    "mcp_servers",
+    "agents",
+    "store",
+    "server",
+];
+
+/// The keys of an agent item: the agent spec's, and `tools`.
+const AGENT_ITEM_KEYS: &[&str] = &[
+    "id",
+    "model_id",
+    "system_prompt",
+    "max_rounds",
+    "plugin_ids",
+    "stop_conditions",
+    "tool_choice",
+    "tools",
+];
+
+struct DocumentSeed<'k> {
+    kinds: &'k [Vec<Option<String>>],
+}
+
+impl<'de> DeserializeSeed<'de> for DocumentSeed<'_> {
+    type Value = Deployment;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Deployment, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DocumentSeed<'_> {
+    type Value = Deployment;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a deployment mapping (providers, models, mcp_servers, agents, store, server)")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Deployment, A::Error> {
+        let mut deployment = Deployment {
+            providers: BTreeMap::new(),
+            models: BTreeMap::new(),
+            mcp_servers: BTreeMap::new(),
+            agents: Vec::new(),
+            store: StoreConfig::Memory,
+            server: ServerSettings::default(),
+        };
+        let mut seen: Vec<&'static str> = Vec::new();
+        while let Some(key) = map.next_key_seed(DocumentKey)? {
+            if seen.contains(&key) {
+                return Err(de::Error::custom(format!("duplicate field `{key}`")));
+            }
+            match key {
+                "providers" => deployment.providers = map.next_value()?,
+                "models" => deployment.models = map.next_value()?,
+                "mcp_servers" => deployment.mcp_servers = map.next_value()?,
+                "agents" => deployment.agents = map.next_value_seed(AgentsSeed(self.kinds))?,
+                "store" => deployment.store = map.next_value::<StoreSeed>()?.0,
+                _ => deployment.server = map.next_value()?,
+            }
+            seen.push(key);
+        }
+        Ok(deployment)
+    }
+}
+
+/// A top-level key, checked where it stands (so an unknown one is
+/// reported at the key).
+struct DocumentKey;
+
+impl<'de> DeserializeSeed<'de> for DocumentKey {
+    type Value = &'static str;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_identifier(self)
+    }
+}
+
+impl Visitor<'_> for DocumentKey {
+    type Value = &'static str;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a section name")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<&'static str, E> {
+        DOCUMENT_KEYS
+            .iter()
+            .find(|k| **k == v)
+            .copied()
+            .ok_or_else(|| E::unknown_field(v, DOCUMENT_KEYS))
+    }
+}
+
+struct AgentsSeed<'k>(&'k [Vec<Option<String>>]);
+
+impl<'de> DeserializeSeed<'de> for AgentsSeed<'_> {
+    type Value = Vec<AgentConfig>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AgentsSeed<'_> {
+    type Value = Vec<AgentConfig>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of agents")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut agents = Vec::new();
+        loop {
+            let kinds = self.0.get(agents.len()).map_or(&[][..], Vec::as_slice);
+            let seed = AgentSpecSeed::new(kinds, AGENT_ITEM_KEYS);
+            let Some((spec, extra)) = seq.next_element_seed(seed)? else {
+                return Ok(agents);
+            };
+            let mut tools = Vec::new();
+            for (key, value) in extra {
+                debug_assert_eq!(key, "tools");
+                tools = serde_yaml::from_value(value).map_err(|e| {
+                    de::Error::custom(format!(
+                        "agent \"{}\", field `tools`: {e}; expected a list of tool names",
+                        spec.id
+                    ))
+                })?;
+            }
+            agents.push(AgentConfig { spec, tools });
+        }
+    }
+}
+
+/// `store: memory` or `store: { postgres: { url_env: NAME } }`.
+struct StoreSeed(StoreConfig);
+
+impl<'de> Deserialize<'de> for StoreSeed {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Postgres {
+            url_env: String,
+        }
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Durable {
+            postgres: Postgres,
+        }
+        struct StoreVisitor;
+        impl<'de> Visitor<'de> for StoreVisitor {
+            type Value = StoreSeed;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`memory` or `{ postgres: { url_env: NAME } }`")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<StoreSeed, E> {
+                match v {
+                    "memory" => Ok(StoreSeed(StoreConfig::Memory)),
+                    other => Err(E::invalid_value(de::Unexpected::Str(other), &self)),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<StoreSeed, A::Error> {
+                let durable = Durable::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(StoreSeed(StoreConfig::Postgres {
+                    url_env: durable.postgres.url_env,
+                }))
+            }
+        }
+        d.deserialize_any(StoreVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests;

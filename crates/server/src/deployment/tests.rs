@@ -1,0 +1,123 @@
+use super::*;
+
+const GOOD: &str = r#"
+providers:
+  local:   { kind: openai_compatible, base_url: "http://127.0.0.1:8080/v1/", api_key_env: LOCAL_KEY }
+  hosted:  { kind: genai }
+  offline: { kind: scripted, responses: ["Hello from Rein."] }
+  slow:
+    kind: scripted
+    chunk_delay_ms: 50
+    responses:
+      - "a long answer"
+      - { text: "Let me look.", tool_calls: [ { name: terminate, arguments: { reason: done } } ], delay_ms: 5 }
+      - { error: "quota exceeded" }
+models:
+  small: { provider: local, model: smollm2, temperature: 0, max_output_tokens: 256 }
+  demo: { provider: offline, model: script }
+mcp_servers:
+  everything: { command: npx, args: ["-y", "@modelcontextprotocol/server-everything"], env: {} }
+  remote:     { url: "http://127.0.0.1:9000/mcp" }
+agents:
+  - id: assistant
+    model_id: small
+    system_prompt: "You are terse."
+    max_rounds: 8
+    plugin_ids: [terminate]
+    tools: [everything__echo]
+    stop_conditions: [ { type: timeout, seconds: 120 } ]
+  - id: demo
+    model_id: demo
+store: memory
+server:
+  retention: { max_finished_runs: 5 }
+"#;
+
+fn errors(text: &str) -> Vec<String> {
+    match Deployment::from_yaml(text) {
+        Ok(d) => panic!("loaded: {d:?}"),
+        Err(e) => e.lines(),
+    }
+}
+
+#[test]
+fn the_documented_file_loads() {
+    let d = Deployment::from_yaml(GOOD).unwrap();
+    assert_eq!(d.providers.len(), 4);
+    assert_eq!(
+        d.providers["local"],
+        ProviderConfig::OpenaiCompatible {
+            base_url: "http://127.0.0.1:8080/v1/".into(),
+            api_key_env: Some("LOCAL_KEY".into())
+        }
+    );
+    assert_eq!(d.models["small"].temperature, Some(0.0));
+    assert_eq!(d.agents[0].spec.max_rounds, 8);
+    assert_eq!(d.agents[0].tools, vec!["everything__echo"]);
+    assert_eq!(d.agents[0].spec.stop_conditions.len(), 1);
+    assert_eq!(d.agents[1].tools, Vec::<String>::new());
+    assert_eq!(d.store, StoreConfig::Memory);
+    assert_eq!(d.server.retention.max_finished_runs, 5);
+    assert_eq!(d.server.retention.finished_run_ttl_seconds, 3600);
+    let ProviderConfig::Scripted { responses, .. } = &d.providers["slow"] else {
+        panic!()
+    };
+    assert_eq!(responses.len(), 3);
+}
+
+#[test]
+fn unknown_ids_are_each_reported_at_their_value_with_the_known_ones() {
+    let text = "providers:\n  p: { kind: genai }\nmodels:\n  m: { provider: nope, model: x }\nagents:\n  - id: a\n    model_id: missing\n    plugin_ids: [terminate, bogus]\n    tools: [ghost__echo, plain]\n";
+    let lines = errors(text);
+    assert_eq!(
+        lines,
+        vec![
+            "<text>:4:18: model \"m\": unknown provider \"nope\"; known providers: p",
+            "<text>:7:15: agent \"a\": unknown model \"missing\"; known models: m",
+            "<text>:8:29: agent \"a\": unknown plugin \"bogus\"; known plugins: terminate",
+            "<text>:9:13: agent \"a\": tool \"ghost__echo\" names unknown MCP server \"ghost\"; known MCP servers: none",
+            "<text>:9:26: agent \"a\": unknown tool \"plain\"; tools listed here come from MCP servers, named \"<server id>__<tool>\" (known MCP servers: none); plugin tools come with plugin_ids",
+        ]
+    );
+}
+
+#[test]
+fn structural_errors_keep_their_positions() {
+    let lines = errors("providers:\n  p: { kind: genai }\nmodelz: {}\n");
+    assert_eq!(lines.len(), 1);
+    assert!(lines[0].starts_with("<text>:3:1: "), "{lines:?}");
+    assert!(lines[0].contains("unknown field `modelz`"), "{lines:?}");
+
+    let lines = errors(
+        "providers: {}\nmodels: {}\nagents:\n  - id: a\n    model_id: m\n    stop_conditions:\n      - { type: timeout, secondz: 3 }\n",
+    );
+    assert!(lines[0].starts_with("<text>:7:26: "), "{lines:?}");
+    assert!(lines[0].contains("unknown field `secondz`"), "{lines:?}");
+
+    let lines =
+        errors("providers: {}\nmodels: {}\nagents:\n  - id: a\n    model_id: m\n    colour: red\n");
+    assert!(lines[0].contains("unknown field `colour`"), "{lines:?}");
+    assert!(lines[0].starts_with("<text>:6:5: "), "{lines:?}");
+
+    let lines = errors("providers:\n  p: { kind: cloud }\n");
+    assert!(lines[0].contains("unknown variant `cloud`"), "{lines:?}");
+}
+
+#[test]
+fn an_mcp_server_needs_a_command_or_a_url_and_no_agents_is_an_error() {
+    let lines = errors("mcp_servers:\n  s: { args: [] }\nagents: []\n");
+    assert!(
+        lines[0].contains("MCP server \"s\": give either"),
+        "{lines:?}"
+    );
+    assert!(lines[1].contains("defines no agents"), "{lines:?}");
+}
+
+#[test]
+fn an_invalid_regex_is_reported_by_the_stop_condition_loader() {
+    let lines = errors(
+        "providers: {}\nmodels: {}\nagents:\n  - id: a\n    stop_conditions: [ { type: content_match, pattern: \"(\" } ]\n",
+    );
+    assert!(lines[0].contains("pattern"), "{lines:?}");
+    assert!(lines[0].starts_with("<text>:5:"), "{lines:?}");
+}

@@ -1,0 +1,2 @@
+//! Rein as a service.
+pub mod deployment;
