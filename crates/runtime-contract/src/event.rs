@@ -156,6 +156,22 @@ pub enum AgentEvent {
 }
 
 impl AgentEvent {
+    /// The event's `type` as serialized (`run_started`, `text_delta`, …).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::RunStarted { .. } => "run_started",
+            Self::StepStarted { .. } => "step_started",
+            Self::RetryStarted { .. } => "retry_started",
+            Self::TextDelta { .. } => "text_delta",
+            Self::ToolCallStarted { .. } => "tool_call_started",
+            Self::ToolCallFinished { .. } => "tool_call_finished",
+            Self::InferenceRetry { .. } => "inference_retry",
+            Self::Nudge { .. } => "nudge",
+            Self::Progress { .. } => "progress",
+            Self::RunFinished { .. } => "run_finished",
+        }
+    }
+
     /// The run the event belongs to.
     pub fn run_id(&self) -> &str {
         match self {
@@ -269,6 +285,7 @@ mod tests {
         );
         assert_eq!(e.run_id(), "r");
         assert_eq!(e.thread_id(), "t");
+        assert_eq!(e.kind(), "text_delta");
     }
 
     #[test]

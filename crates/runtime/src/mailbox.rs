@@ -112,7 +112,10 @@ impl Mailbox {
         // interrupt the active run.
         self.inner.check(&request)?;
         self.inner.check_conversation(&request).await?;
-        let run_id = self.inner.next_run_id();
+        let run_id = match &request.run_id {
+            Some(id) => id.clone(),
+            None => self.inner.next_run_id(),
+        };
         loop {
             if let Some(active) = self.inner.registry.by_thread(&request.thread_id) {
                 active.cancel(CancelCause::Interrupted {

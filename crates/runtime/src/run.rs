@@ -20,6 +20,7 @@ pub struct RunRequest {
     pub(crate) event_sink: Option<Arc<dyn EventSink>>,
     pub(crate) cancellation: Option<CancellationToken>,
     pub(crate) tool_choice: Option<ToolChoice>,
+    pub(crate) run_id: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for RunRequest {
@@ -31,6 +32,7 @@ impl std::fmt::Debug for RunRequest {
             .field("event_sink", &self.event_sink.is_some())
             .field("cancellation", &self.cancellation)
             .field("tool_choice", &self.tool_choice)
+            .field("run_id", &self.run_id)
             .finish()
     }
 }
@@ -45,7 +47,18 @@ impl RunRequest {
             event_sink: None,
             cancellation: None,
             tool_choice: None,
+            run_id: None,
         }
+    }
+
+    /// The id the run gets, instead of one the runtime makes (e.g. a
+    /// client's own id). It must not be the id of an active run
+    /// ([`RuntimeError::RunIdInUse`](crate::RuntimeError::RunIdInUse));
+    /// ids from [`AgentRuntime::next_id`](crate::AgentRuntime::next_id)
+    /// never are.
+    pub fn with_run_id(mut self, run_id: impl Into<String>) -> Self {
+        self.run_id = Some(Arc::from(run_id.into()));
+        self
     }
 
     /// Runs this agent. Without it, the runtime's only agent runs (an error

@@ -16,6 +16,7 @@ use rein_runtime_contract::event::{AgentEvent, CancelCause, EventSink};
 use rein_runtime_contract::lifecycle::TerminationReason;
 use rein_runtime_contract::message::{Message, TokenUsage};
 use rein_runtime_contract::spec::AgentSpec;
+use rein_runtime_contract::tool::ToolDescriptor;
 use tracing::Instrument;
 
 use crate::active_runs::{ActiveRunRegistry, CURRENT_RUN, RunControl};
@@ -103,6 +104,13 @@ pub enum RuntimeError {
         thread_id: String,
         /// What the store said.
         message: String,
+    },
+    /// The request asks for the id of a run that is active
+    /// ([`RunRequest::with_run_id`]).
+    #[error("run id \"{run_id}\" is already the id of an active run; choose another")]
+    RunIdInUse {
+        /// The id.
+        run_id: String,
     },
     /// The run's task failed outside the loop's own error handling.
     #[error("the task of run \"{run_id}\" failed: {message}")]
@@ -283,7 +291,14 @@ impl Inner {
         run_id: Option<Arc<str>>,
     ) -> Result<RunHandle, StartError> {
         let agent = self.check(&request).map_err(StartError::Other)?;
-        let run_id = run_id.unwrap_or_else(|| self.next_run_id());
+        let run_id = run_id
+            .or_else(|| request.run_id.clone())
+            .unwrap_or_else(|| self.next_run_id());
+        if self.registry.by_run(&run_id).is_some() {
+            return Err(StartError::Other(RuntimeError::RunIdInUse {
+                run_id: run_id.to_string(),
+            }));
+        }
         let token = match &request.cancellation {
             Some(parent) => parent.child_token(),
             None => self.root.child_token(),
@@ -519,7 +534,10 @@ impl AgentRuntime {
     pub fn run_stream(&self, mut request: RunRequest) -> RunStream {
         let (events, cancellation) =
             RunStream::prepare(&mut request, &self.inner.config.default_sink);
-        let run_id = self.inner.next_run_id();
+        let run_id = request
+            .run_id
+            .clone()
+            .unwrap_or_else(|| self.inner.next_run_id());
         let inner = self.inner.clone();
         let sink = self.inner.config.default_sink.clone();
         let id = run_id.clone();
@@ -570,6 +588,33 @@ impl AgentRuntime {
             None => return None,
         };
         Some(&agent.spec)
+    }
+
+    /// Checks a request as starting it would, without starting it: the
+    /// runtime is up, the agent exists, the input keeps the history valid,
+    /// and the conversation is not empty (a thread with an active run is
+    /// not empty).
+    ///
+    /// # Errors
+    ///
+    /// The [`RuntimeError`] that [`run`](Self::run) would return before
+    /// starting.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only; dropping it loses nothing.
+    pub async fn check_request(&self, request: &RunRequest) -> Result<(), RuntimeError> {
+        self.inner.check(request)?;
+        self.inner.check_conversation(request).await
+    }
+
+    /// The descriptors of the tools an agent can call (its own, its
+    /// plugins' and the runtime's), by name; `None` for an unknown agent.
+    pub fn agent_tools(&self, agent_id: &str) -> Option<Vec<ToolDescriptor>> {
+        let agent = self.inner.agents.get(agent_id)?;
+        let mut tools = agent.descriptors.clone();
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        Some(tools)
     }
 
     /// Whether a run holds the thread's slot now.
