@@ -130,6 +130,28 @@ pub struct AgentRunResult {
 }
 
 impl AgentRunResult {
+    /// The result of a run that did no work — e.g. one a service cancelled
+    /// before it started: no response, no steps, no usage (reported
+    /// complete), no outputs.
+    pub fn new(
+        run_id: impl Into<String>,
+        thread_id: impl Into<String>,
+        termination: TerminationReason,
+    ) -> Self {
+        Self {
+            run_id: run_id.into(),
+            thread_id: thread_id.into(),
+            termination,
+            response: String::new(),
+            steps: 0,
+            usage: TokenUsage::default(),
+            usage_complete: true,
+            cancel_cause: None,
+            outputs: BTreeMap::new(),
+            exports: BTreeMap::new(),
+        }
+    }
+
     /// The final value of the exported state key `K`, if the run's agent
     /// exports it (and it reads back as `K::Value`).
     pub fn exported<K: StateKey>(&self) -> Option<K::Value> {

@@ -608,6 +608,13 @@ impl AgentRuntime {
         self.inner.check_conversation(request).await
     }
 
+    /// The ids of the runtime's agents, sorted.
+    pub fn agent_ids(&self) -> Vec<&str> {
+        let mut ids: Vec<&str> = self.inner.agents.keys().map(String::as_str).collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// The descriptors of the tools an agent can call (its own, its
     /// plugins' and the runtime's), by name; `None` for an unknown agent.
     pub fn agent_tools(&self, agent_id: &str) -> Option<Vec<ToolDescriptor>> {

@@ -1,0 +1,423 @@
+//! Run records and their event logs, kept for a bounded time and count.
+//!
+//! Every run the service accepts has a [`RunEntry`]: its status, its
+//! result once finished, and every event it emitted, each with a per-run
+//! sequence number (from 1) — what `GET /v1/runs/{id}` and its SSE stream
+//! serve. A run's events are serialized once, when emitted.
+//!
+//! **Invariant:** a run's `run_finished` event is in its log before its
+//! status is `finished`, so a reader that sees `finished` and has read the
+//! whole log has read `run_finished`.
+//!
+//! Retention: finished entries are dropped oldest first beyond
+//! `max_finished_runs`, and after `finished_run_ttl_seconds`; active and
+//! queued ones are never dropped.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rein::AgentRunResult;
+use rein::events::{AgentEvent, CancelCause, EventSink};
+use rein::{CancellationToken, TerminationReason};
+use serde::Serialize;
+use tokio::sync::{broadcast, watch};
+
+use crate::deployment::Retention;
+
+/// Where a run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Waiting behind the thread's active run (`enqueue`).
+    Queued,
+    /// Holding the thread.
+    Running,
+    /// Ended; the record has its result.
+    Finished,
+}
+
+/// The run record's JSON (`GET /v1/runs/{run_id}`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunRecord {
+    /// The run.
+    pub run_id: String,
+    /// Its thread.
+    pub thread_id: String,
+    /// Its agent.
+    pub agent_id: String,
+    /// Where it is.
+    pub status: RunStatus,
+    /// Why it ended (`TerminationReason`'s serde shape).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub termination: Option<TerminationReason>,
+    /// The last answer's text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response: Option<String>,
+    /// Inferences made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u32>,
+    /// Token usage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<rein::contract::message::TokenUsage>,
+    /// Who cancelled it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_cause: Option<CancelCause>,
+}
+
+/// One event of a run's log, ready for SSE.
+#[derive(Debug)]
+pub struct LoggedEvent {
+    /// Its sequence number in the run (from 1).
+    pub seq: u64,
+    /// The event's type (`run_started`, …).
+    pub kind: &'static str,
+    /// The event as JSON.
+    pub json: String,
+}
+
+/// One event of a thread's live tail.
+#[derive(Debug, Clone)]
+pub struct ThreadEvent {
+    /// Its sequence number on the thread (from 1; unique per thread while
+    /// the service runs).
+    pub seq: u64,
+    /// The event's type.
+    pub kind: &'static str,
+    /// The event as JSON (shared with the run's log).
+    pub json: Arc<LoggedEvent>,
+}
+
+/// A run's record and event log.
+#[derive(Debug)]
+pub struct RunEntry {
+    /// The run.
+    pub run_id: String,
+    /// Its thread.
+    pub thread_id: String,
+    /// Its agent.
+    pub agent_id: String,
+    /// The idempotency key it was submitted with.
+    pub idempotency_key: Option<String>,
+    /// The run's parent token: cancelling it cancels the run, also before
+    /// it started.
+    cancellation: CancellationToken,
+    state: Mutex<EntryState>,
+    /// The number of logged events, bumped on every append and on finish.
+    changed: watch::Sender<u64>,
+}
+
+#[derive(Debug)]
+struct EntryState {
+    status: RunStatus,
+    result: Option<AgentRunResult>,
+    events: Vec<Arc<LoggedEvent>>,
+}
+
+impl RunEntry {
+    fn state(&self) -> MutexGuard<'_, EntryState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The record as served.
+    pub fn record(&self) -> RunRecord {
+        let state = self.state();
+        let result = state.result.as_ref();
+        RunRecord {
+            run_id: self.run_id.clone(),
+            thread_id: self.thread_id.clone(),
+            agent_id: self.agent_id.clone(),
+            status: state.status,
+            termination: result.map(|r| r.termination.clone()),
+            response: result.map(|r| r.response.clone()),
+            steps: result.map(|r| r.steps),
+            usage: result.map(|r| r.usage),
+            cancel_cause: result.and_then(|r| r.cancel_cause.clone()),
+        }
+    }
+
+    /// The run's parent token.
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancellation
+    }
+
+    /// Where the run is.
+    pub fn status(&self) -> RunStatus {
+        self.state().status
+    }
+
+    /// The logged events after `after` (a sequence number), and whether
+    /// the log is complete (the run finished and these are the last).
+    pub fn events_after(&self, after: u64) -> (Vec<Arc<LoggedEvent>>, bool) {
+        let state = self.state();
+        let from = usize::try_from(after).unwrap_or(usize::MAX).min(state.events.len());
+        (
+            state.events[from..].to_vec(),
+            state.status == RunStatus::Finished,
+        )
+    }
+
+    /// A receiver that changes whenever the log grows or the run finishes.
+    pub fn watch(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Waits until the run has finished; returns its record.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only; dropping it loses nothing.
+    pub async fn finished(&self) -> RunRecord {
+        let mut changes = self.watch();
+        loop {
+            if self.status() == RunStatus::Finished {
+                return self.record();
+            }
+            if changes.changed().await.is_err() {
+                return self.record();
+            }
+        }
+    }
+
+    pub(super) fn set_running(&self) {
+        self.state().status = RunStatus::Running;
+        self.changed.send_modify(|_| {});
+    }
+
+    fn append(&self, event: &AgentEvent) -> Arc<LoggedEvent> {
+        let json = serde_json::to_string(event).unwrap_or_default();
+        let mut state = self.state();
+        let logged = Arc::new(LoggedEvent {
+            seq: state.events.len() as u64 + 1,
+            kind: event.kind(),
+            json,
+        });
+        state.events.push(logged.clone());
+        let count = state.events.len() as u64;
+        drop(state);
+        self.changed.send_replace(count);
+        logged
+    }
+}
+
+/// Every run record, the threads' live tails, and retention.
+#[derive(Debug)]
+pub(super) struct Records {
+    retention: Retention,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    runs: HashMap<String, Arc<RunEntry>>,
+    /// Finished runs, oldest first, with when they finished.
+    finished: VecDeque<(Instant, String)>,
+    tails: HashMap<String, Arc<ThreadTail>>,
+}
+
+/// A thread's live tail: a broadcast of its runs' events.
+#[derive(Debug)]
+pub struct ThreadTail {
+    next: Mutex<u64>,
+    sender: broadcast::Sender<ThreadEvent>,
+}
+
+impl ThreadTail {
+    fn new() -> Self {
+        Self {
+            next: Mutex::new(0),
+            sender: broadcast::channel(1024).0,
+        }
+    }
+
+    /// A receiver of the events from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<ThreadEvent> {
+        self.sender.subscribe()
+    }
+
+    fn send(&self, logged: Arc<LoggedEvent>) {
+        // The counter's lock orders the sends, so ids arrive in order.
+        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+        *next += 1;
+        let _ = self.sender.send(ThreadEvent {
+            seq: *next,
+            kind: logged.kind,
+            json: logged,
+        });
+    }
+}
+
+impl Records {
+    /// No records yet.
+    pub(super) fn new(retention: Retention) -> Self {
+        Self {
+            retention,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new entry (queued or running); `None` if the id is taken.
+    pub(super) fn create(
+        &self,
+        run_id: &str,
+        thread_id: &str,
+        agent_id: &str,
+        idempotency_key: Option<String>,
+        status: RunStatus,
+    ) -> Option<Arc<RunEntry>> {
+        let mut inner = self.inner();
+        if inner.runs.contains_key(run_id) {
+            return None;
+        }
+        let entry = Arc::new(RunEntry {
+            run_id: run_id.to_owned(),
+            thread_id: thread_id.to_owned(),
+            agent_id: agent_id.to_owned(),
+            idempotency_key,
+            cancellation: CancellationToken::new(),
+            state: Mutex::new(EntryState {
+                status,
+                result: None,
+                events: Vec::new(),
+            }),
+            changed: watch::channel(0).0,
+        });
+        inner.runs.insert(run_id.to_owned(), entry.clone());
+        Some(entry)
+    }
+
+    /// Drops an entry whose run never started (its submission failed).
+    pub(super) fn discard(&self, run_id: &str) {
+        self.inner().runs.remove(run_id);
+    }
+
+    /// The entry of a run, if it is kept.
+    pub(super) fn get(&self, run_id: &str) -> Option<Arc<RunEntry>> {
+        self.inner().runs.get(run_id).cloned()
+    }
+
+    /// The live tail of a thread (created on first use).
+    pub(super) fn tail(&self, thread_id: &str) -> Arc<ThreadTail> {
+        self.inner()
+            .tails
+            .entry(thread_id.to_owned())
+            .or_insert_with(|| Arc::new(ThreadTail::new()))
+            .clone()
+    }
+
+    /// The sink that logs a run's events and sends them to its thread's tail.
+    pub(super) fn sink(&self, entry: &Arc<RunEntry>) -> Arc<dyn EventSink> {
+        Arc::new(RunSink {
+            entry: entry.clone(),
+            tail: self.tail(&entry.thread_id),
+        })
+    }
+
+    /// Marks a run finished with its result; applies retention. Returns
+    /// the idempotency keys (thread, key) of the entries dropped.
+    pub(super) fn finish(&self, entry: &RunEntry, result: AgentRunResult) -> Vec<(String, String)> {
+        {
+            let mut state = entry.state();
+            state.status = RunStatus::Finished;
+            state.result = Some(result);
+        }
+        entry.changed.send_modify(|_| {});
+        let mut inner = self.inner();
+        inner
+            .finished
+            .push_back((Instant::now(), entry.run_id.clone()));
+        let dropped = self.evict(&mut inner, Instant::now());
+        // A thread's tail with no listener and no run kept is dropped.
+        let thread = &entry.thread_id;
+        if let Some(tail) = inner.tails.get(thread)
+            && tail.sender.receiver_count() == 0
+            && !inner.runs.values().any(|r| &r.thread_id == thread)
+        {
+            inner.tails.remove(thread);
+        }
+        dropped
+    }
+
+    /// A run that never started (cancelled while queued, or its start
+    /// failed) gets a `run_finished` event and a result.
+    pub(super) fn finish_unstarted(
+        &self,
+        entry: &RunEntry,
+        termination: TerminationReason,
+        cancel_cause: Option<CancelCause>,
+    ) -> Vec<(String, String)> {
+        let event = AgentEvent::RunFinished {
+            run_id: entry.run_id.clone(),
+            thread_id: entry.thread_id.clone(),
+            termination: termination.clone(),
+            response: String::new(),
+            cancel_cause: cancel_cause.clone(),
+            steps: 0,
+            usage: Default::default(),
+            outputs: Default::default(),
+        };
+        let logged = entry.append(&event);
+        self.tail(&entry.thread_id).send(logged);
+        let result = unstarted_result(entry, termination, cancel_cause);
+        self.finish(entry, result)
+    }
+
+    /// Applies retention now (also run periodically).
+    pub(super) fn sweep(&self) -> Vec<(String, String)> {
+        let mut inner = self.inner();
+        self.evict(&mut inner, Instant::now())
+    }
+
+    /// How many records are kept (finished or not).
+    pub(super) fn len(&self) -> usize {
+        self.inner().runs.len()
+    }
+
+
+    fn evict(&self, inner: &mut Inner, now: Instant) -> Vec<(String, String)> {
+        let ttl = Duration::from_secs(self.retention.finished_run_ttl_seconds);
+        let mut dropped = Vec::new();
+        while let Some((at, _)) = inner.finished.front() {
+            let expired = now.saturating_duration_since(*at) >= ttl;
+            if inner.finished.len() <= self.retention.max_finished_runs && !expired {
+                break;
+            }
+            let Some((_, run_id)) = inner.finished.pop_front() else {
+                break;
+            };
+            if let Some(entry) = inner.runs.remove(&run_id)
+                && let Some(key) = &entry.idempotency_key
+            {
+                dropped.push((entry.thread_id.clone(), key.clone()));
+            }
+        }
+        dropped
+    }
+}
+
+fn unstarted_result(
+    entry: &RunEntry,
+    termination: TerminationReason,
+    cancel_cause: Option<CancelCause>,
+) -> AgentRunResult {
+    let mut result = AgentRunResult::new(&entry.run_id, &entry.thread_id, termination);
+    result.cancel_cause = cancel_cause;
+    result
+}
+
+/// Logs a run's events and sends them to its thread's tail.
+struct RunSink {
+    entry: Arc<RunEntry>,
+    tail: Arc<ThreadTail>,
+}
+
+impl EventSink for RunSink {
+    fn emit(&self, event: AgentEvent) {
+        let logged = self.entry.append(&event);
+        self.tail.send(logged);
+    }
+}
