@@ -15,7 +15,9 @@ use crate::deployment::{Deployment, ProviderConfig};
 #[non_exhaustive]
 pub enum AssembleError {
     /// A provider's `api_key_env` names a variable that is not set.
-    #[error("provider \"{provider}\": the environment variable {variable} (its api_key_env) is not set")]
+    #[error(
+        "provider \"{provider}\": the environment variable {variable} (its api_key_env) is not set"
+    )]
     MissingKey {
         /// The provider id.
         provider: String,
@@ -23,7 +25,9 @@ pub enum AssembleError {
         variable: String,
     },
     /// An agent lists MCP tools, which this build cannot start.
-    #[error("agent \"{agent}\" lists the MCP tool \"{tool}\", but MCP servers are not supported by this build yet")]
+    #[error(
+        "agent \"{agent}\" lists the MCP tool \"{tool}\", but MCP servers are not supported by this build yet"
+    )]
     McpUnsupported {
         /// The agent id.
         agent: String,
@@ -51,9 +55,8 @@ pub fn runtime(deployment: &Deployment) -> Result<AgentRuntime, AssembleError> {
 ///
 /// As for [`runtime`], except the final build.
 pub fn builder(deployment: &Deployment) -> Result<AgentRuntimeBuilder, AssembleError> {
-    let mut builder = AgentRuntimeBuilder::new().with_cancel_wait_timeout(Duration::from_millis(
-        deployment.server.cancel_wait_ms,
-    ));
+    let mut builder = AgentRuntimeBuilder::new()
+        .with_cancel_wait_timeout(Duration::from_millis(deployment.server.cancel_wait_ms));
     for (id, provider) in &deployment.providers {
         builder = match provider {
             ProviderConfig::Genai {} => builder.with_provider(id, Arc::new(GenaiExecutor::new())),
@@ -61,15 +64,16 @@ pub fn builder(deployment: &Deployment) -> Result<AgentRuntimeBuilder, AssembleE
                 base_url,
                 api_key_env,
             } => {
-                let key = match api_key_env {
-                    Some(variable) => Some(std::env::var(variable).map_err(|_| {
-                        AssembleError::MissingKey {
-                            provider: id.clone(),
-                            variable: variable.clone(),
-                        }
-                    })?),
-                    None => None,
-                };
+                let key =
+                    match api_key_env {
+                        Some(variable) => Some(std::env::var(variable).map_err(|_| {
+                            AssembleError::MissingKey {
+                                provider: id.clone(),
+                                variable: variable.clone(),
+                            }
+                        })?),
+                        None => None,
+                    };
                 builder.with_provider(
                     id,
                     Arc::new(GenaiExecutor::openai_compatible(base_url.clone(), key)),

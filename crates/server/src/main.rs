@@ -1,1 +1,5 @@
-fn main() {}
+//! The `rein` binary: `rein serve | run | check --config FILE`.
+
+fn main() -> std::process::ExitCode {
+    rein_server::cli::main()
+}

@@ -54,13 +54,19 @@ impl ApiError {
         Self::new(
             404,
             "unknown_run",
-            format!("no run \"{run_id}\" (unknown, or finished longer ago than the retention keeps)"),
+            format!(
+                "no run \"{run_id}\" (unknown, or finished longer ago than the retention keeps)"
+            ),
         )
     }
 
     /// 503 `shutting_down`.
     pub fn shutting_down() -> Self {
-        Self::new(503, "shutting_down", "the service is shutting down; no new runs start")
+        Self::new(
+            503,
+            "shutting_down",
+            "the service is shutting down; no new runs start",
+        )
     }
 }
 

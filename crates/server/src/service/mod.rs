@@ -23,7 +23,7 @@
 mod error;
 mod records;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -121,6 +121,9 @@ struct Inner {
     settings: ServerSettings,
     closing: CancellationToken,
     shutting_down: AtomicBool,
+    /// Per thread, the ids of the messages a client sent or was sent
+    /// (AG-UI), so a resent conversation appends only what is new.
+    message_ids: Mutex<HashMap<String, HashSet<String>>>,
 }
 
 #[derive(Debug, Default)]
@@ -160,6 +163,7 @@ impl Service {
                 settings,
                 closing: CancellationToken::new(),
                 shutting_down: AtomicBool::new(false),
+                message_ids: Mutex::default(),
             }),
         };
         service.start_sweeper();
@@ -271,7 +275,9 @@ impl Service {
                 return Err(ApiError::new(
                     409,
                     "thread_busy",
-                    format!("thread \"{thread_id}\" has a run; submit with strategy interrupt or enqueue, or cancel it first"),
+                    format!(
+                        "thread \"{thread_id}\" has a run; submit with strategy interrupt or enqueue, or cancel it first"
+                    ),
                 ));
             }
             (true, Strategy::Enqueue) => RunStatus::Queued,
@@ -281,7 +287,13 @@ impl Service {
         let entry = self
             .inner
             .records
-            .create(&run_id, thread_id, &agent_id, s.idempotency_key.clone(), status)
+            .create(
+                &run_id,
+                thread_id,
+                &agent_id,
+                s.idempotency_key.clone(),
+                status,
+            )
             .ok_or_else(|| {
                 ApiError::new(
                     409,
@@ -364,7 +376,11 @@ impl Service {
                 return;
             };
             if self.inner.shutting_down.load(Ordering::SeqCst) {
-                self.finish_unstarted(&entry, TerminationReason::Cancelled, Some(CancelCause::Shutdown));
+                self.finish_unstarted(
+                    &entry,
+                    TerminationReason::Cancelled,
+                    Some(CancelCause::Shutdown),
+                );
                 continue;
             }
             match self.inner.runtime.mailbox().submit(request).await {
@@ -374,7 +390,8 @@ impl Service {
                     return;
                 }
                 Err(e) => {
-                    let reason = TerminationReason::Error(format!("the queued run could not start: {e}"));
+                    let reason =
+                        TerminationReason::Error(format!("the queued run could not start: {e}"));
                     self.finish_unstarted(&entry, reason, None);
                 }
             }
@@ -410,6 +427,32 @@ impl Service {
                 self.tidy(&thread_id);
             }
         }
+    }
+
+    fn message_ids(&self) -> MutexGuard<'_, HashMap<String, HashSet<String>>> {
+        self.inner
+            .message_ids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The client message ids the thread has seen.
+    pub fn seen_message_ids(&self, thread_id: &str) -> HashSet<String> {
+        self.message_ids()
+            .get(thread_id)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Records client message ids as seen on the thread.
+    pub fn remember_message_ids(&self, thread_id: &str, ids: Vec<String>) {
+        if ids.is_empty() {
+            return;
+        }
+        self.message_ids()
+            .entry(thread_id.to_owned())
+            .or_default()
+            .extend(ids);
     }
 
     /// A run's entry, while it is kept.
@@ -495,6 +538,7 @@ impl Service {
         let outcome = self.inner.runtime.delete_thread(thread_id).await;
         if outcome.is_ok() {
             lane.state().keys.clear();
+            self.message_ids().remove(thread_id);
         }
         drop(serial);
         drop(lane);

@@ -150,7 +150,9 @@ impl RunEntry {
     /// the log is complete (the run finished and these are the last).
     pub fn events_after(&self, after: u64) -> (Vec<Arc<LoggedEvent>>, bool) {
         let state = self.state();
-        let from = usize::try_from(after).unwrap_or(usize::MAX).min(state.events.len());
+        let from = usize::try_from(after)
+            .unwrap_or(usize::MAX)
+            .min(state.events.len());
         (
             state.events[from..].to_vec(),
             state.status == RunStatus::Finished,
@@ -376,7 +378,6 @@ impl Records {
     pub(super) fn len(&self) -> usize {
         self.inner().runs.len()
     }
-
 
     fn evict(&self, inner: &mut Inner, now: Instant) -> Vec<(String, String)> {
         let ttl = Duration::from_secs(self.retention.finished_run_ttl_seconds);

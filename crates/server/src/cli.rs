@@ -1,0 +1,251 @@
+//! The `rein` binary: `serve`, `run` and `check`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use futures::StreamExt;
+use rein::contract::message::Message;
+use rein::{RunRequest, TerminalPrinter, TerminationReason};
+
+use crate::deployment::{Deployment, StoreConfig};
+use crate::service::Service;
+use crate::{assemble, serve};
+
+/// Rein: serve agents over HTTP/SSE and AG-UI, run one from the command
+/// line, or check a deployment file.
+#[derive(Debug, Parser)]
+#[command(name = "rein", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serves the deployment's agents over HTTP until SIGINT/SIGTERM.
+    Serve {
+        /// The deployment file.
+        #[arg(long)]
+        config: PathBuf,
+        /// The address to listen on (port 0: any free port).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        bind: String,
+    },
+    /// Runs one message through an agent, streaming the answer to stdout.
+    Run {
+        /// The deployment file.
+        #[arg(long)]
+        config: PathBuf,
+        /// The agent (optional when the file has one).
+        #[arg(long)]
+        agent: Option<String>,
+        /// The thread to continue (durable store only).
+        #[arg(long)]
+        thread: Option<String>,
+        /// The message (its words are joined with spaces).
+        #[arg(required = true)]
+        message: Vec<String>,
+    },
+    /// Checks a deployment file without starting anything.
+    Check {
+        /// The deployment file.
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+/// Runs the binary with the process's arguments.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logs();
+    match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Serve { config, bind } => with_runtime(|| serve_command(&config, &bind)),
+        Command::Run {
+            config,
+            agent,
+            thread,
+            message,
+        } => with_runtime(|| run_command(&config, agent, thread, message.join(" "))),
+    }
+}
+
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn with_runtime(f: impl FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ExitCode>>>) -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(f()),
+        Err(e) => {
+            eprintln!("rein: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Loads a file, printing its errors (`FILE:LINE:COLUMN: message`) to
+/// `out` on failure.
+fn load(config: &PathBuf, out: &mut dyn Write) -> Option<Deployment> {
+    match Deployment::load(config) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            for line in e.lines() {
+                let _ = writeln!(out, "{line}");
+            }
+            None
+        }
+    }
+}
+
+fn check(config: &PathBuf) -> ExitCode {
+    let mut stdout = std::io::stdout();
+    match load(config, &mut stdout) {
+        Some(_) => {
+            println!("ok");
+            ExitCode::SUCCESS
+        }
+        None => ExitCode::FAILURE,
+    }
+}
+
+fn serve_command(
+    config: &PathBuf,
+    bind: &str,
+) -> std::pin::Pin<Box<dyn Future<Output = ExitCode>>> {
+    let config = config.clone();
+    let bind = bind.to_owned();
+    Box::pin(async move {
+        let Some(deployment) = load(&config, &mut std::io::stderr()) else {
+            return ExitCode::FAILURE;
+        };
+        let runtime = match assemble::runtime(&deployment) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("rein: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let listener = match tokio::net::TcpListener::bind(&bind).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("rein: cannot listen on {bind}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let addr = match listener.local_addr() {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("rein: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let service = Service::new(runtime, deployment.server.clone());
+        println!("listening on http://{addr}");
+        let _ = std::io::stdout().flush();
+        match serve(listener, service, signal()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("rein: the server failed: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn run_command(
+    config: &PathBuf,
+    agent: Option<String>,
+    thread: Option<String>,
+    message: String,
+) -> std::pin::Pin<Box<dyn Future<Output = ExitCode>>> {
+    let config = config.clone();
+    Box::pin(async move {
+        let Some(deployment) = load(&config, &mut std::io::stderr()) else {
+            return ExitCode::FAILURE;
+        };
+        if thread.is_some() && deployment.store == StoreConfig::Memory {
+            eprintln!(
+                "rein: note: with `store: memory` every `rein run` starts with an empty thread; --thread continues a thread only with a durable store"
+            );
+        }
+        let runtime = match assemble::runtime(&deployment) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("rein: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let thread = thread.unwrap_or_else(|| format!("cli-{}", std::process::id()));
+        let mut request = RunRequest::new(thread, vec![Message::user(message)]);
+        if let Some(agent) = agent {
+            request = request.with_agent_id(agent);
+        }
+        let printer = TerminalPrinter::new();
+        let mut stream = runtime.run_stream(request);
+        let mut interrupted = false;
+        loop {
+            tokio::select! {
+                next = stream.next() => match next {
+                    Some(event) => printer.print(&event),
+                    None => break,
+                },
+                _ = tokio::signal::ctrl_c(), if !interrupted => {
+                    interrupted = true;
+                    stream.cancel();
+                }
+            }
+        }
+        let result = stream.wait().await;
+        runtime.shutdown().await;
+        match result {
+            Err(e) => {
+                eprintln!("rein: {e}");
+                ExitCode::FAILURE
+            }
+            Ok(_) if interrupted => ExitCode::from(130),
+            Ok(r) => match r.termination {
+                TerminationReason::NaturalEnd | TerminationReason::Stopped(_) => ExitCode::SUCCESS,
+                TerminationReason::Cancelled => ExitCode::from(130),
+                TerminationReason::Error(_) => ExitCode::FAILURE,
+            },
+        }
+    })
+}
+
+/// How long shutdown waits for open connections after the runs ended.
+pub(crate) const CONNECTION_GRACE: Duration = Duration::from_secs(2);

@@ -1,0 +1,267 @@
+//! The HTTP API (axum): routes, request bodies, error responses and SSE.
+//!
+//! Every refusal is `{"error": {"code", "message"}}` with a 4xx/5xx
+//! status ([`ApiError`]); a refused request changes nothing.
+
+mod sse;
+
+pub(crate) use sse::run_log;
+
+use std::collections::HashMap;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use rein::contract::message::Message;
+use serde::{Deserialize, Serialize};
+
+use crate::agui;
+use crate::service::{ApiError, RunStatus, Service, Strategy, Submission, Submitted};
+
+/// The router of the whole API, AG-UI included.
+pub fn router(service: Service) -> Router {
+    let limit = service.settings().body_limit_bytes;
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/v1/agents", get(agents))
+        .route("/v1/threads/{thread_id}/runs", post(submit))
+        .route("/v1/runs/{run_id}", get(run_record))
+        .route("/v1/runs/{run_id}/events", get(sse::run_events))
+        .route("/v1/threads/{thread_id}/events", get(sse::thread_events))
+        .route("/v1/threads/{thread_id}/cancel", post(cancel_thread))
+        .route("/v1/runs/{run_id}/cancel", post(cancel_run))
+        .route("/v1/threads/{thread_id}/messages", get(messages))
+        .route("/v1/threads/{thread_id}", delete(delete_thread))
+        .route("/v1/ag-ui/{agent_id}", post(agui::run))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(service)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            self.body(),
+        )
+            .into_response()
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(404, "not_found", "no such route; see docs/service.md")
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+#[derive(Serialize)]
+struct AgentView {
+    id: String,
+    model_id: String,
+    tools: Vec<String>,
+}
+
+async fn agents(State(service): State<Service>) -> Json<Vec<AgentView>> {
+    let runtime = service.runtime();
+    let agents = runtime
+        .agent_ids()
+        .into_iter()
+        .filter_map(|id| {
+            let spec = runtime.agent_spec(Some(id))?;
+            let tools = runtime
+                .agent_tools(id)?
+                .into_iter()
+                .map(|t| t.name)
+                .collect();
+            Some(AgentView {
+                id: id.to_owned(),
+                model_id: spec.model_id.clone(),
+                tools,
+            })
+        })
+        .collect();
+    Json(agents)
+}
+
+/// `POST /v1/threads/{thread_id}/runs`'s body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubmitBody {
+    #[serde(default)]
+    agent_id: Option<String>,
+    messages: Vec<Message>,
+    #[serde(default)]
+    strategy: Option<String>,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+}
+
+/// A body that failed to buffer, as an [`ApiError`] (413 over the limit).
+pub(crate) fn body_error(rejection: &BytesRejection, limit: usize) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            413,
+            "body_too_large",
+            format!("the request body is over the limit of {limit} bytes"),
+        )
+    } else {
+        ApiError::new(
+            400,
+            "unreadable_body",
+            format!("the request body could not be read: {rejection}"),
+        )
+    }
+}
+
+/// Parses a JSON body: 400 `malformed_json` for bad JSON, 422
+/// `invalid_body` for the wrong shape.
+pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => ApiError::new(
+            422,
+            "invalid_body",
+            format!("the body does not have the expected shape: {e}"),
+        ),
+        _ => ApiError::new(
+            400,
+            "malformed_json",
+            format!("the body is not valid JSON: {e}"),
+        ),
+    })
+}
+
+#[derive(Serialize)]
+struct Accepted<'a> {
+    run_id: &'a str,
+    thread_id: &'a str,
+    status: RunStatus,
+}
+
+async fn submit(
+    State(service): State<Service>,
+    Path(thread_id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let wait = match query.get("wait").map(String::as_str) {
+        None | Some("false" | "0") => false,
+        Some("true" | "1" | "") => true,
+        Some(other) => {
+            return Err(ApiError::new(
+                400,
+                "invalid_query",
+                format!("wait must be true or false, not \"{other}\""),
+            ));
+        }
+    };
+    let body = body.map_err(|r| body_error(&r, service.settings().body_limit_bytes))?;
+    let body: SubmitBody = parse_json(&body)?;
+    let strategy = match &body.strategy {
+        Some(name) => Strategy::parse(name)?,
+        None => Strategy::default(),
+    };
+    let header_key = match headers.get("idempotency-key") {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| {
+                    ApiError::new(
+                        400,
+                        "invalid_idempotency_key",
+                        "the Idempotency-Key header is not text",
+                    )
+                })?
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let idempotency_key = match (header_key, body.idempotency_key) {
+        (Some(h), Some(b)) if h != b => {
+            return Err(ApiError::new(
+                422,
+                "conflicting_idempotency_keys",
+                "the Idempotency-Key header and the body's idempotency_key differ; send one",
+            ));
+        }
+        (h, b) => h.or(b),
+    };
+    if idempotency_key.as_deref() == Some("") {
+        return Err(ApiError::new(
+            422,
+            "invalid_idempotency_key",
+            "the idempotency key is empty",
+        ));
+    }
+    let submitted = service
+        .submit(
+            &thread_id,
+            Submission {
+                agent_id: body.agent_id,
+                messages: body.messages,
+                strategy,
+                idempotency_key,
+                run_id: None,
+            },
+        )
+        .await?;
+    let entry = submitted.entry().clone();
+    if wait {
+        return Ok((StatusCode::OK, Json(entry.finished().await)).into_response());
+    }
+    let status = match submitted {
+        Submitted::New(_) => StatusCode::ACCEPTED,
+        Submitted::Duplicate(_) => StatusCode::OK,
+    };
+    let accepted = Accepted {
+        run_id: &entry.run_id,
+        thread_id: &entry.thread_id,
+        status: entry.status(),
+    };
+    Ok((status, Json(accepted)).into_response())
+}
+
+async fn run_record(
+    State(service): State<Service>,
+    Path(run_id): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(service.run(&run_id)?.record()).into_response())
+}
+
+async fn cancel_thread(
+    State(service): State<Service>,
+    Path(thread_id): Path<String>,
+) -> Json<serde_json::Value> {
+    let (cancelled, released) = service.cancel_thread(&thread_id).await;
+    Json(serde_json::json!({"cancelled": cancelled, "released": released}))
+}
+
+async fn cancel_run(
+    State(service): State<Service>,
+    Path(run_id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let cancelled = service.cancel_run(&run_id)?;
+    Ok(Json(serde_json::json!({"cancelled": cancelled})))
+}
+
+async fn messages(
+    State(service): State<Service>,
+    Path(thread_id): Path<String>,
+) -> Json<Vec<Message>> {
+    Json(service.messages(&thread_id).await)
+}
+
+async fn delete_thread(
+    State(service): State<Service>,
+    Path(thread_id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    service.delete_thread(&thread_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,545 @@
+//! The HTTP API with a real client (reqwest) against a server on a free
+//! loopback port: every route, the strategies, idempotency, SSE, cancels,
+//! deletion, retention, and bad input that changes nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{Server, YAML, read_sse};
+use serde_json::{Value, json};
+
+fn agent(id: &str) -> Value {
+    json!({"agent_id": id})
+}
+
+#[tokio::test]
+async fn health_and_agents_list_every_agent_with_its_tools() {
+    let server = Server::start(YAML).await;
+    assert_eq!(server.get("/healthz").await, (200, json!({"status": "ok"})));
+    let (status, agents) = server.get("/v1/agents").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        agents,
+        json!([
+            {"id": "fast", "model_id": "quick", "tools": []},
+            {"id": "finisher", "model_id": "tools", "tools": ["terminate"]},
+            {"id": "slow", "model_id": "slow", "tools": []},
+        ])
+    );
+    let (status, body) = server.get("/v1/nothing").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("not_found"))
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_submission_is_accepted_runs_and_keeps_its_record_and_history() {
+    let server = Server::start(YAML).await;
+    let (status, accepted) = server.say("t", "hello", agent("fast")).await;
+    assert_eq!(status, 202, "{accepted}");
+    assert_eq!(accepted["thread_id"], "t");
+    assert_eq!(accepted["status"], "running");
+    let run_id = accepted["run_id"].as_str().unwrap().to_owned();
+    let record = server.finished(&run_id).await;
+    assert_eq!(
+        record,
+        json!({
+            "run_id": run_id, "thread_id": "t", "agent_id": "fast", "status": "finished",
+            "termination": {"type": "natural_end"}, "response": "Done quickly.", "steps": 1,
+            "usage": {"input_tokens": 0, "output_tokens": 0}
+        })
+    );
+    let (status, history) = server.get("/v1/threads/t/messages").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        history,
+        json!([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Done quickly."}])
+    );
+    // wait=true answers with the finished record.
+    let (status, record) = server
+        .post(
+            "/v1/threads/t/runs?wait=true",
+            json!({"agent_id": "finisher", "messages": [{"role": "user", "content": "stop"}]}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(record["status"], "finished");
+    assert_eq!(record["termination"]["type"], "stopped");
+    assert_eq!(record["termination"]["value"]["code"], "terminate");
+    let (status, missing) = server.get("/v1/runs/run-999").await;
+    assert_eq!(
+        (status, missing["error"]["code"].as_str()),
+        (404, Some("unknown_run"))
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_runs_events_stream_from_the_start_or_after_last_event_id_and_end_after_run_finished() {
+    let server = Server::start(YAML).await;
+    let (_, accepted) = server.say("t", "go", agent("slow")).await;
+    let run_id = accepted["run_id"].as_str().unwrap().to_owned();
+    // Read while the run streams: the stream ends by itself after run_finished.
+    let events = server.sse(&format!("/v1/runs/{run_id}/events"), None).await;
+    let kinds: Vec<&str> = events.iter().map(|(_, k, _)| k.as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"run_started"));
+    assert_eq!(kinds.last(), Some(&"run_finished"));
+    assert_eq!(kinds.iter().filter(|k| **k == "text_delta").count(), 12);
+    let ids: Vec<u64> = events
+        .iter()
+        .map(|(id, _, _)| id.parse().unwrap())
+        .collect();
+    assert_eq!(ids, (1..=events.len() as u64).collect::<Vec<_>>());
+    for (_, kind, data) in &events {
+        assert_eq!(data["type"], *kind);
+        assert_eq!(data["run_id"], run_id);
+    }
+    // Resumed after event 5: the rest, the same ids and data.
+    let rest = server
+        .sse(&format!("/v1/runs/{run_id}/events"), Some(5))
+        .await;
+    assert_eq!(rest, events[5..].to_vec());
+    let (status, bad) = server
+        .client
+        .get(server.at(&format!("/v1/runs/{run_id}/events")))
+        .header("last-event-id", "abc")
+        .send()
+        .await
+        .map(|r| (r.status().as_u16(), r))
+        .unwrap();
+    assert_eq!(status, 400);
+    assert_eq!(
+        bad.json::<Value>().await.unwrap()["error"]["code"],
+        "invalid_last_event_id"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_threads_live_tail_carries_every_runs_events_with_ids_unique_on_the_thread() {
+    let server = Server::start(YAML).await;
+    let tail = server
+        .client
+        .get(server.at("/v1/threads/t/events"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(tail.status().as_u16(), 200);
+    let reader = tokio::spawn(read_sse(tail, 6));
+    // Two runs: fast answers have 4 events each (started, step, 2 deltas? no: 1 delta), so read 6.
+    let (_, first) = server
+        .say(
+            "t",
+            "one",
+            json!({"agent_id": "fast", "strategy": "enqueue"}),
+        )
+        .await;
+    server.finished(first["run_id"].as_str().unwrap()).await;
+    let (_, second) = server
+        .say(
+            "t",
+            "two",
+            json!({"agent_id": "fast", "strategy": "enqueue"}),
+        )
+        .await;
+    server.finished(second["run_id"].as_str().unwrap()).await;
+    let events = tokio::time::timeout(Duration::from_secs(10), reader)
+        .await
+        .unwrap()
+        .unwrap();
+    let ids: Vec<u64> = events
+        .iter()
+        .map(|(id, _, _)| id.parse().unwrap())
+        .collect();
+    assert_eq!(ids, vec![1, 2, 3, 4, 5, 6]);
+    let runs: HashSet<&str> = events
+        .iter()
+        .map(|(_, _, d)| d["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2, "{events:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reject_refuses_a_busy_thread_enqueue_waits_in_order_and_interrupt_cancels() {
+    let server = Server::start(YAML).await;
+    let (_, busy) = server.say("t", "slow one", agent("slow")).await;
+    let busy = busy["run_id"].as_str().unwrap().to_owned();
+
+    let (status, refused) = server
+        .say("t", "no", json!({"agent_id": "fast", "strategy": "reject"}))
+        .await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (409, Some("thread_busy"))
+    );
+
+    let (status, q1) = server
+        .say(
+            "t",
+            "queued 1",
+            json!({"agent_id": "fast", "strategy": "enqueue"}),
+        )
+        .await;
+    assert_eq!((status, q1["status"].as_str()), (202, Some("queued")));
+    let (_, q2) = server
+        .say(
+            "t",
+            "queued 2",
+            json!({"agent_id": "fast", "strategy": "enqueue"}),
+        )
+        .await;
+    let (q1, q2) = (
+        q1["run_id"].as_str().unwrap(),
+        q2["run_id"].as_str().unwrap(),
+    );
+    assert_eq!(
+        server.finished(&busy).await["termination"]["type"],
+        "natural_end"
+    );
+    server.finished(q1).await;
+    server.finished(q2).await;
+    let (_, history) = server.get("/v1/threads/t/messages").await;
+    let users: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(users, vec!["slow one", "queued 1", "queued 2"]);
+
+    // interrupt (the default): the active run ends cancelled, cause interrupted.
+    let (_, active) = server.say("t", "slow two", agent("slow")).await;
+    let active = active["run_id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let (status, new) = server.say("t", "now", agent("fast")).await;
+    assert_eq!(status, 202);
+    let old = server.finished(&active).await;
+    assert_eq!(old["termination"]["type"], "cancelled");
+    assert_eq!(old["cancel_cause"]["type"], "interrupted");
+    assert_eq!(old["cancel_cause"]["by_run_id"], new["run_id"]);
+    server.finished(new["run_id"].as_str().unwrap()).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_same_idempotency_key_returns_the_first_run_and_appends_nothing() {
+    let server = Server::start(YAML).await;
+    let (status, first) = server
+        .say(
+            "t",
+            "pay once",
+            json!({"agent_id": "fast", "idempotency_key": "k1"}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    server.finished(first["run_id"].as_str().unwrap()).await;
+    // The header works too.
+    let again = server
+        .client
+        .post(server.at("/v1/threads/t/runs"))
+        .header("idempotency-key", "k1")
+        .json(&json!({"agent_id": "fast", "messages": [{"role": "user", "content": "pay once"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status().as_u16(), 200);
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(again["run_id"], first["run_id"]);
+    assert_eq!(again["status"], "finished");
+    let (_, history) = server.get("/v1/threads/t/messages").await;
+    assert_eq!(history.as_array().unwrap().len(), 2);
+    // The same key on another thread is another submission.
+    let (status, other) = server
+        .say(
+            "u",
+            "pay once",
+            json!({"agent_id": "fast", "idempotency_key": "k1"}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    assert_ne!(other["run_id"], first["run_id"]);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_submissions_from_twenty_connections_each_key_twice_apply_once() {
+    let server = Server::start(YAML).await;
+    let mut tasks = Vec::new();
+    for connection in 0..20 {
+        let client = reqwest::Client::new();
+        let url = server.at("/v1/threads/storm/runs");
+        tasks.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for i in 0..10 {
+                // Keys 0..100, each sent by two connections.
+                let key = (connection % 10) * 10 + i;
+                let body = json!({
+                    "agent_id": "fast", "strategy": "enqueue", "idempotency_key": format!("key-{key}"),
+                    "messages": [{"role": "user", "content": format!("message {key}")}]
+                });
+                let r = client.post(&url).json(&body).send().await.unwrap();
+                let status = r.status().as_u16();
+                let body: Value = r.json().await.unwrap();
+                answers.push((key, status, body["run_id"].as_str().unwrap().to_owned()));
+            }
+            answers
+        }));
+    }
+    let mut by_key: std::collections::HashMap<u64, HashSet<String>> = Default::default();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        for (key, status, run_id) in task.await.unwrap() {
+            by_key.entry(key).or_default().insert(run_id);
+            statuses.push(status);
+        }
+    }
+    assert_eq!(by_key.len(), 100);
+    assert!(
+        by_key.values().all(|runs| runs.len() == 1),
+        "a key got two runs"
+    );
+    assert_eq!(statuses.iter().filter(|s| **s == 202).count(), 100);
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 100);
+    for runs in by_key.values() {
+        let record = server.finished(runs.iter().next().unwrap()).await;
+        assert_eq!(record["termination"]["type"], "natural_end");
+    }
+    let (_, history) = server.get("/v1/threads/storm/messages").await;
+    let users: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(users.len(), 100, "each message once");
+    assert_eq!(users.iter().collect::<HashSet<_>>().len(), 100);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_endpoints_end_running_and_queued_runs() {
+    let server = Server::start(YAML).await;
+    let (_, running) = server.say("t", "slow", agent("slow")).await;
+    let (_, queued) = server
+        .say(
+            "t",
+            "later",
+            json!({"agent_id": "fast", "strategy": "enqueue"}),
+        )
+        .await;
+    let (running, queued) = (
+        running["run_id"].as_str().unwrap(),
+        queued["run_id"].as_str().unwrap(),
+    );
+
+    assert_eq!(
+        server
+            .post(&format!("/v1/runs/{queued}/cancel"), json!({}))
+            .await,
+        (200, json!({"cancelled": true}))
+    );
+    let record = server.finished(queued).await;
+    assert_eq!(record["termination"]["type"], "cancelled");
+    assert_eq!(record["cancel_cause"]["type"], "requested");
+    let events = server.sse(&format!("/v1/runs/{queued}/events"), None).await;
+    assert_eq!(
+        events.len(),
+        1,
+        "a queued run that never ran ends with run_finished"
+    );
+
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(
+        server.post("/v1/threads/t/cancel", json!({})).await,
+        (200, json!({"cancelled": true, "released": true}))
+    );
+    let record = server.finished(running).await;
+    assert_eq!(record["termination"]["type"], "cancelled");
+    assert_eq!(
+        server.post("/v1/threads/t/cancel", json!({})).await,
+        (200, json!({"cancelled": false, "released": true}))
+    );
+    assert_eq!(
+        server
+            .post(&format!("/v1/runs/{running}/cancel"), json!({}))
+            .await,
+        (200, json!({"cancelled": false}))
+    );
+    let (status, body) = server.post("/v1/runs/nope/cancel", json!({})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("unknown_run"))
+    );
+    // The queued run never appended its input; the history is valid.
+    let (_, history) = server.get("/v1/threads/t/messages").await;
+    assert!(!history.to_string().contains("later"), "{history}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn deleting_a_thread_cancels_its_run_and_drops_its_history() {
+    let server = Server::start(YAML).await;
+    let (_, run) = server.say("t", "slow", agent("slow")).await;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let r = server
+        .client
+        .delete(server.at("/v1/threads/t"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    let record = server.finished(run["run_id"].as_str().unwrap()).await;
+    assert_eq!(record["termination"]["type"], "cancelled");
+    assert_eq!(server.get("/v1/threads/t/messages").await, (200, json!([])));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_coded_4xx_and_changes_nothing() {
+    let server =
+        Server::start(&YAML.replace("agents:", "server: { body_limit_bytes: 2048 }\nagents:"))
+            .await;
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("malformed JSON", "{\"messages\": [".into(), 400, "malformed_json"),
+        ("wrong type", json!({"agent_id": "fast", "messages": "hi"}).to_string(), 422, "invalid_body"),
+        ("unknown field", json!({"agent_id": "fast", "messages": [], "colour": 1}).to_string(), 422, "invalid_body"),
+        ("unknown agent", json!({"agent_id": "ghost", "messages": [{"role": "user", "content": "x"}]}).to_string(), 404, "unknown_agent"),
+        ("no agent of three", json!({"messages": [{"role": "user", "content": "x"}]}).to_string(), 422, "agent_required"),
+        ("unknown strategy", json!({"agent_id": "fast", "strategy": "later", "messages": [{"role": "user", "content": "x"}]}).to_string(), 422, "unknown_strategy"),
+        ("empty conversation", json!({"agent_id": "fast", "messages": []}).to_string(), 422, "empty_conversation"),
+        ("a result for no call", json!({"agent_id": "fast", "messages": [{"role": "tool", "content": "x", "tool_call_id": "c9"}]}).to_string(), 422, "invalid_input"),
+        ("over the limit", json!({"agent_id": "fast", "messages": [{"role": "user", "content": "x".repeat(4096)}]}).to_string(), 413, "body_too_large"),
+    ];
+    for (what, body, status, code) in cases {
+        let (got, answer) = server.post_raw("/v1/threads/t/runs", body).await;
+        assert_eq!(
+            (got, answer["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{what}: {answer}"
+        );
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+    }
+    let (status, body) = server
+        .post(
+            "/v1/threads/t/runs?wait=maybe",
+            json!({"agent_id": "fast", "messages": []}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_query"))
+    );
+    assert_eq!(server.get("/v1/threads/t/messages").await, (200, json!([])));
+    assert_eq!(server.service.kept_runs(), 0, "no run was recorded");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_sse_client_that_leaves_early_changes_nothing_for_the_run() {
+    let server = Server::start(YAML).await;
+    let (_, run) = server.say("t", "slow", agent("slow")).await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let response = server
+        .client
+        .get(server.at(&format!("/v1/runs/{run_id}/events")))
+        .send()
+        .await
+        .unwrap();
+    let first = read_sse(response, 2).await;
+    assert_eq!(first.len(), 2);
+    // The response was dropped after two events.
+    let record = server.finished(&run_id).await;
+    assert_eq!(record["termination"]["type"], "natural_end");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn finished_runs_beyond_the_retention_bound_are_dropped_with_their_keys() {
+    let yaml = YAML.replace(
+        "agents:",
+        "server: { retention: { max_finished_runs: 5, finished_run_ttl_seconds: 3600 } }\nagents:",
+    );
+    let server = Server::start(&yaml).await;
+    let mut runs = Vec::new();
+    for i in 0..20 {
+        let (_, r) = server
+            .post(
+                "/v1/threads/t/runs?wait=true",
+                json!({"agent_id": "fast", "idempotency_key": format!("k{i}"), "messages": [{"role": "user", "content": format!("m{i}")}]}),
+            )
+            .await;
+        runs.push(r["run_id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(server.service.kept_runs(), 5);
+    assert_eq!(server.get(&format!("/v1/runs/{}", runs[0])).await.0, 404);
+    assert_eq!(server.get(&format!("/v1/runs/{}", runs[19])).await.0, 200);
+    // An evicted run's key is free again: a new run.
+    let (status, again) = server
+        .say(
+            "t",
+            "m0",
+            json!({"agent_id": "fast", "idempotency_key": "k0"}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    assert_ne!(again["run_id"].as_str().unwrap(), runs[0]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_cancels_active_runs_with_cause_shutdown_and_ends_queued_ones() {
+    let server = Server::start(YAML).await;
+    let (_, active) = server.say("t", "slow", agent("slow")).await;
+    let (_, queued) = server
+        .say(
+            "t",
+            "later",
+            json!({"agent_id": "fast", "strategy": "enqueue"}),
+        )
+        .await;
+    let tail = server
+        .client
+        .get(server.at("/v1/threads/t/events"))
+        .send()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let service = server.service.clone();
+    server.stop().await;
+    // The live tail ended with the server.
+    let _ = tokio::time::timeout(Duration::from_secs(5), read_sse(tail, usize::MAX))
+        .await
+        .unwrap();
+    let active = service
+        .run(active["run_id"].as_str().unwrap())
+        .unwrap()
+        .record();
+    assert_eq!(active.termination, Some(rein::TerminationReason::Cancelled));
+    assert_eq!(
+        active.cancel_cause,
+        Some(rein::events::CancelCause::Shutdown)
+    );
+    let queued = service
+        .run(queued["run_id"].as_str().unwrap())
+        .unwrap()
+        .record();
+    assert_eq!(
+        queued.cancel_cause,
+        Some(rein::events::CancelCause::Shutdown)
+    );
+    let history = service.messages("t").await;
+    assert!(history.iter().all(|m| !m.content.contains("later")));
+}
