@@ -81,16 +81,32 @@ async fn the_official_client_runs_a_conversation_and_only_new_messages_are_store
     assert_eq!(seen["first"]["error"], Value::Null, "{seen}");
     assert_eq!(first.first(), Some(&"RUN_STARTED"));
     assert_eq!(first.last(), Some(&"RUN_FINISHED"));
-    for kind in ["STEP_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END", "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT", "STEP_FINISHED"] {
+    for kind in [
+        "STEP_STARTED",
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+        "TOOL_CALL_RESULT",
+        "STEP_FINISHED",
+    ] {
         assert!(first.contains(&kind), "{kind} missing from {first:?}");
     }
     assert_eq!(seen["second"]["error"], Value::Null, "{seen}");
-    assert_eq!(seen["second"]["events"].as_array().unwrap().last().unwrap(), "RUN_FINISHED");
+    assert_eq!(
+        seen["second"]["events"].as_array().unwrap().last().unwrap(),
+        "RUN_FINISHED"
+    );
 
     // Rein's records of the two runs, under the client's run ids.
     let one = server.finished("agui-run-1").await;
     assert_eq!(one["termination"]["value"]["code"], "terminate");
-    assert_eq!(server.finished("agui-run-2").await["termination"]["type"], "natural_end");
+    assert_eq!(
+        server.finished("agui-run-2").await["termination"]["type"],
+        "natural_end"
+    );
     // The second request resent "hello" and the first run's messages:
     // only "and again" was appended.
     let (_, history) = server.get("/v1/threads/agui-conversation/messages").await;
@@ -109,7 +125,10 @@ async fn the_official_client_runs_a_conversation_and_only_new_messages_are_store
         .iter()
         .map(|m| m["role"].as_str().unwrap())
         .collect();
-    assert!(roles.contains(&"tool") && roles.iter().filter(|r| **r == "assistant").count() >= 2, "{roles:?}");
+    assert!(
+        roles.contains(&"tool") && roles.iter().filter(|r| **r == "assistant").count() >= 2,
+        "{roles:?}"
+    );
     server.stop().await;
 }
 
@@ -132,6 +151,9 @@ async fn an_unknown_agent_is_a_json_404_the_client_reports() {
     let server = Server::start(AGUI_YAML).await;
     let seen = node(&modules, &server.at("/v1/ag-ui/assistant"), "error").await;
     let error = seen["failed"]["error"].as_str().unwrap_or_default();
-    assert!(error.contains("404") && error.contains("unknown_agent"), "{seen}");
+    assert!(
+        error.contains("404") && error.contains("unknown_agent"),
+        "{seen}"
+    );
     server.stop().await;
 }

@@ -1,0 +1,194 @@
+//! The `rein` binary itself: `check`, `run` (exit codes, Ctrl-C) and
+//! `serve` (its one stdout line, SIGTERM). Processes are stopped by PID.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn rein() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rein"))
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+/// A deployment file in a fresh temporary directory.
+fn file(name: &str, yaml: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rein-binary-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rein.yaml");
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(yaml.as_bytes())
+        .unwrap();
+    path
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn check_says_ok_for_the_examples_and_lists_every_error_with_its_position() {
+    for example in ["rein.yaml", "rein-local.yaml"] {
+        let out = rein()
+            .args(["check", "--config"])
+            .arg(examples().join(example))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{example}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    }
+    let path = file(
+        "check",
+        "providers:\n  p: { kind: genai }\nmodels:\n  m: { provider: q, model: x }\nagents:\n  - { id: a, model_id: nope }\n",
+    );
+    let out = rein()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    let shown = path.display().to_string();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].starts_with(&format!(
+            "{shown}:4:18: model \"m\": unknown provider \"q\""
+        )),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with(&format!(
+            "{shown}:6:24: agent \"a\": unknown model \"nope\""
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn run_streams_the_answer_to_stdout_and_exits_by_termination() {
+    let out = rein()
+        .args(["run", "--config"])
+        .arg(examples().join("rein.yaml"))
+        .args(["Hello", "there"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("Hello from Rein."));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("[end] natural end"));
+
+    let failing = file(
+        "error",
+        "providers:\n  p: { kind: scripted, responses: [ { error: \"quota exceeded\" } ] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m }\n",
+    );
+    let out = rein()
+        .args(["run", "--config"])
+        .arg(&failing)
+        .arg("hi")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("quota exceeded"));
+}
+
+#[test]
+fn ctrl_c_cancels_a_run_cleanly_and_exits_130() {
+    let slow = file(
+        "slow",
+        "providers:\n  p: { kind: scripted, chunk_delay_ms: 300, responses: [\"a b c d e f g h i j k l m n o p\"] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m }\n",
+    );
+    let mut child = rein()
+        .args(["run", "--config"])
+        .arg(&slow)
+        .arg("hi")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the first streamed word, then interrupt.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
+    signal(child.id(), "INT");
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("[end] cancelled"), "{err}");
+}
+
+#[test]
+fn serve_prints_one_listening_line_and_sigterm_ends_runs_and_exits_zero() {
+    let slow = file(
+        "serve",
+        "providers:\n  p: { kind: scripted, chunk_delay_ms: 200, responses: [\"a b c d e f g h i j k l m n o p\"] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m }\n",
+    );
+    let mut child = rein()
+        .args(["serve", "--bind", "127.0.0.1:0", "--config"])
+        .arg(&slow)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines.next().unwrap().unwrap();
+    let url = line
+        .strip_prefix("listening on ")
+        .expect("the listening line")
+        .to_owned();
+    assert!(url.starts_with("http://127.0.0.1:"), "{line}");
+
+    // A run, and a reader of its events (plain HTTP/1.1 over a socket).
+    let addr = url.trim_start_matches("http://").to_owned();
+    let body = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut post = std::net::TcpStream::connect(&addr).unwrap();
+    write!(post, "POST /v1/threads/t/runs HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut post, &mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+    let mut events = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        events,
+        "GET /v1/runs/run-1/events HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+
+    let start = Instant::now();
+    signal(child.id(), "TERM");
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "took {:?}",
+        start.elapsed()
+    );
+    // The run's stream ended with its cancellation by the shutdown.
+    let mut stream = String::new();
+    std::io::Read::read_to_string(&mut events, &mut stream).unwrap();
+    assert!(stream.contains("event: run_finished"), "{stream}");
+    assert!(
+        stream.contains(r#""cancel_cause":{"type":"shutdown"}"#),
+        "{stream}"
+    );
+    assert!(lines.next().is_none(), "serve printed one line only");
+}
