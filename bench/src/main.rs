@@ -15,6 +15,8 @@
 //! the `*_external` ones are driven from the thread that owns the runtime
 //! (`runtime.block_on(…)`, as `#[tokio::main]`, a CLI or a test does).
 
+mod http;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -535,7 +537,7 @@ fn external<F: std::future::Future<Output = ()>>(rt: &tokio::runtime::Runtime, w
 /// The workloads `rein-bench` knows, in the order `cargo xtask bench` runs them.
 const USAGE: &str = "usage: rein-bench <rounds|rounds_external|rounds_policies|rounds_loops|rounds_events|concurrent|\
 cancel|cancel_pause|cancel_external|cancel_external_pause|cancel_open|mailbox|mailbox_external|\
-policies|chanting|chanting_spaces|chanting_rules> [--tiny]";
+policies|chanting|chanting_spaces|chanting_rules|http|http_first_event|http_retention> [--tiny]";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -579,6 +581,12 @@ fn main() {
         // cannot hang CI.
         "chanting_spaces" => chanting("chanting_spaces", Answer::Spaces, scale(1 << 20, 2048)),
         "chanting_rules" => chanting("chanting_rules", Answer::Rules, scale(1 << 20, 2048)),
+        "http" => on_worker(&rt, http::round_trips(scale(64, 4), scale(20_000, 16))),
+        "http_first_event" => on_worker(&rt, http::first_event(scale(1000, 5))),
+        "http_retention" => on_worker(
+            &rt,
+            http::retention(scale(100_000, 300), scale(10_000, 100)),
+        ),
         other => fail(&format!("unknown workload \"{other}\"\n{USAGE}")),
     }
     if NOT_AS_DEFINED.load(Ordering::Relaxed) {

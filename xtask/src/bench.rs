@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// The workloads, in order, with their names in the table
 /// (`external`: driven from the thread that owns the runtime, not a worker).
-pub(crate) const WORKLOADS: [(&str, &str); 17] = [
+pub(crate) const WORKLOADS: [(&str, &str); 20] = [
     ("rounds", "W1"),
     ("rounds_external", "W1 external"),
     ("rounds_policies", "W1b"),
@@ -30,6 +30,9 @@ pub(crate) const WORKLOADS: [(&str, &str); 17] = [
     ("chanting", "W6"),
     ("chanting_spaces", "W6 on spaces"),
     ("chanting_rules", "W6 on rule characters"),
+    ("http", "W7"),
+    ("http_first_event", "W7b"),
+    ("http_retention", "retention after 100 000 runs"),
 ];
 
 fn median(mut v: Vec<f64>) -> f64 {
