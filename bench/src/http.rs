@@ -180,7 +180,8 @@ pub(crate) async fn first_event(trials: usize) {
 
 /// Retention: `runs` runs through the service (no HTTP), each on its own
 /// thread that is deleted afterwards, at most `keep` finished runs kept;
-/// the resident memory added and the records kept at the end.
+/// the resident memory added at half way and at the end (equal when
+/// retention bounds it), and the records kept at the end.
 pub(crate) async fn retention(runs: usize, keep: usize) {
     let service = service(keep);
     let before = status_kb("VmRSS:");
@@ -211,6 +212,15 @@ pub(crate) async fn retention(runs: usize, keep: usize) {
             for task in batch.drain(..) {
                 task.await.unwrap_or_else(|e| fail(&e.to_string()));
             }
+        }
+        if i + 1 == runs / 2 {
+            let half = status_kb("VmRSS:");
+            emit(
+                "http_retention",
+                "rss_added_at_half",
+                (half - before) / 1024.0,
+                "MB",
+            );
         }
     }
     for task in batch {

@@ -103,21 +103,22 @@ pub(super) async fn thread_events(
     State(service): State<Service>,
     Path(thread_id): Path<String>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let receiver = service.tail(&thread_id).subscribe();
+    let subscription = service.subscribe_tail(&thread_id);
     let closing = service.closing().clone();
-    let stream = futures::stream::unfold((receiver, closing), |(mut rx, closing)| async move {
-        let next = tokio::select! {
-            _ = closing.cancelled() => return None,
-            next = rx.recv() => next,
-        };
-        let event = match next {
-            Ok(e) => event(&e.json, e.seq),
-            Err(RecvError::Lagged(missed)) => {
-                Event::default().comment(format!("lagged: {missed} events were skipped"))
-            }
-            Err(RecvError::Closed) => return None,
-        };
-        Some((Ok(event), (rx, closing)))
-    });
+    let stream =
+        futures::stream::unfold((subscription, closing), |(mut sub, closing)| async move {
+            let next = tokio::select! {
+                _ = closing.cancelled() => return None,
+                next = sub.receiver.recv() => next,
+            };
+            let event = match next {
+                Ok(e) => event(&e.json, e.seq),
+                Err(RecvError::Lagged(missed)) => {
+                    Event::default().comment(format!("lagged: {missed} events were skipped"))
+                }
+                Err(RecvError::Closed) => return None,
+            };
+            Some((Ok(event), (sub, closing)))
+        });
     Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
 }

@@ -107,6 +107,24 @@ impl Submitted {
     }
 }
 
+/// A listener of a thread's live tail (see [`Service::subscribe_tail`]).
+#[derive(Debug)]
+pub struct TailSubscription {
+    /// The events from the subscription on.
+    pub receiver: tokio::sync::broadcast::Receiver<ThreadEvent>,
+    tail: Option<Arc<ThreadTail>>,
+    thread_id: String,
+    service: Service,
+}
+
+impl Drop for TailSubscription {
+    fn drop(&mut self) {
+        // Held until here so that runs starting meanwhile share this tail.
+        self.tail.take();
+        self.service.inner.records.release_tail(&self.thread_id);
+    }
+}
+
 /// The service. Cheap to clone; clones share everything.
 #[derive(Clone, Debug)]
 pub struct Service {
@@ -467,9 +485,16 @@ impl Service {
             .ok_or_else(|| ApiError::unknown_run(run_id))
     }
 
-    /// A thread's live tail.
-    pub fn tail(&self, thread_id: &str) -> Arc<ThreadTail> {
-        self.inner.records.tail(thread_id)
+    /// Listens to a thread's live tail until the subscription is dropped.
+    pub fn subscribe_tail(&self, thread_id: &str) -> TailSubscription {
+        let tail = self.inner.records.tail(thread_id);
+        let receiver = tail.subscribe();
+        TailSubscription {
+            receiver,
+            tail: Some(tail),
+            thread_id: thread_id.to_owned(),
+            service: self.clone(),
+        }
     }
 
     /// Cancels one run, queued or running; `false` if it had finished.

@@ -217,35 +217,46 @@ struct Inner {
     tails: HashMap<String, Arc<ThreadTail>>,
 }
 
-/// A thread's live tail: a broadcast of its runs' events.
-#[derive(Debug)]
+/// A thread's live tail: a broadcast of its runs' events. The channel
+/// (1024 events of lag) exists only while someone listens, so a thread
+/// nobody watches costs a few bytes.
+#[derive(Debug, Default)]
 pub struct ThreadTail {
-    next: Mutex<u64>,
-    sender: broadcast::Sender<ThreadEvent>,
+    inner: Mutex<TailInner>,
+}
+
+#[derive(Debug, Default)]
+struct TailInner {
+    next: u64,
+    sender: Option<broadcast::Sender<ThreadEvent>>,
 }
 
 impl ThreadTail {
-    fn new() -> Self {
-        Self {
-            next: Mutex::new(0),
-            sender: broadcast::channel(1024).0,
-        }
-    }
-
     /// A receiver of the events from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<ThreadEvent> {
-        self.sender.subscribe()
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner
+            .sender
+            .get_or_insert_with(|| broadcast::channel(1024).0)
+            .subscribe()
     }
 
     fn send(&self, logged: Arc<LoggedEvent>) {
-        // The counter's lock orders the sends, so ids arrive in order.
-        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
-        *next += 1;
-        let _ = self.sender.send(ThreadEvent {
-            seq: *next,
-            kind: logged.kind,
-            json: logged,
-        });
+        // The lock orders the sends, so ids arrive in order.
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.next += 1;
+        let seq = inner.next;
+        if let Some(sender) = &inner.sender {
+            if sender.receiver_count() == 0 {
+                inner.sender = None;
+            } else {
+                let _ = sender.send(ThreadEvent {
+                    seq,
+                    kind: logged.kind,
+                    json: logged,
+                });
+            }
+        }
     }
 }
 
@@ -307,7 +318,7 @@ impl Records {
         self.inner()
             .tails
             .entry(thread_id.to_owned())
-            .or_insert_with(|| Arc::new(ThreadTail::new()))
+            .or_default()
             .clone()
     }
 
@@ -333,15 +344,25 @@ impl Records {
             .finished
             .push_back((Instant::now(), entry.run_id.clone()));
         let dropped = self.evict(&mut inner, Instant::now());
-        // A thread's tail with no listener and no run kept is dropped.
-        let thread = &entry.thread_id;
-        if let Some(tail) = inner.tails.get(thread)
-            && tail.sender.receiver_count() == 0
-            && !inner.runs.values().any(|r| &r.thread_id == thread)
-        {
-            inner.tails.remove(thread);
-        }
+        Self::tidy_tail(&mut inner, &entry.thread_id);
         dropped
+    }
+
+    /// Drops a thread's tail that nobody holds (no run's sink, no
+    /// listener): the next user makes a new one.
+    fn tidy_tail(inner: &mut Inner, thread_id: &str) {
+        if inner
+            .tails
+            .get(thread_id)
+            .is_some_and(|tail| Arc::strong_count(tail) == 1)
+        {
+            inner.tails.remove(thread_id);
+        }
+    }
+
+    /// Drops the thread's tail if nobody holds it (a listener left).
+    pub(super) fn release_tail(&self, thread_id: &str) {
+        Self::tidy_tail(&mut self.inner(), thread_id);
     }
 
     /// A run that never started (cancelled while queued, or its start
