@@ -1,7 +1,7 @@
 //! The `rein` binary: `serve`, `run` and `check`.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -63,13 +63,13 @@ pub fn main() -> ExitCode {
     init_logs();
     match cli.command {
         Command::Check { config } => check(&config),
-        Command::Serve { config, bind } => with_runtime(|| serve_command(&config, &bind)),
+        Command::Serve { config, bind } => block_on(serve_command(&config, &bind)),
         Command::Run {
             config,
             agent,
             thread,
             message,
-        } => with_runtime(|| run_command(&config, agent, thread, message.join(" "))),
+        } => block_on(run_command(&config, agent, thread, message.join(" "))),
     }
 }
 
@@ -82,12 +82,12 @@ fn init_logs() {
         .try_init();
 }
 
-fn with_runtime(f: impl FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ExitCode>>>) -> ExitCode {
+fn block_on(command: impl Future<Output = ExitCode>) -> ExitCode {
     match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
-        Ok(runtime) => runtime.block_on(f()),
+        Ok(runtime) => runtime.block_on(command),
         Err(e) => {
             eprintln!("rein: cannot start the async runtime: {e}");
             ExitCode::FAILURE
@@ -97,7 +97,7 @@ fn with_runtime(f: impl FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ExitCo
 
 /// Loads a file, printing its errors (`FILE:LINE:COLUMN: message`) to
 /// `out` on failure.
-fn load(config: &PathBuf, out: &mut dyn Write) -> Option<Deployment> {
+fn load(config: &Path, out: &mut dyn Write) -> Option<Deployment> {
     match Deployment::load(config) {
         Ok(d) => Some(d),
         Err(e) => {
@@ -109,7 +109,7 @@ fn load(config: &PathBuf, out: &mut dyn Write) -> Option<Deployment> {
     }
 }
 
-fn check(config: &PathBuf) -> ExitCode {
+fn check(config: &Path) -> ExitCode {
     let mut stdout = std::io::stdout();
     match load(config, &mut stdout) {
         Some(_) => {
@@ -120,14 +120,9 @@ fn check(config: &PathBuf) -> ExitCode {
     }
 }
 
-fn serve_command(
-    config: &PathBuf,
-    bind: &str,
-) -> std::pin::Pin<Box<dyn Future<Output = ExitCode>>> {
-    let config = config.clone();
-    let bind = bind.to_owned();
-    Box::pin(async move {
-        let Some(deployment) = load(&config, &mut std::io::stderr()) else {
+async fn serve_command(config: &Path, bind: &str) -> ExitCode {
+    {
+        let Some(deployment) = load(config, &mut std::io::stderr()) else {
             return ExitCode::FAILURE;
         };
         let runtime = match assemble::runtime(&deployment) {
@@ -137,7 +132,7 @@ fn serve_command(
                 return ExitCode::FAILURE;
             }
         };
-        let listener = match tokio::net::TcpListener::bind(&bind).await {
+        let listener = match tokio::net::TcpListener::bind(bind).await {
             Ok(l) => l,
             Err(e) => {
                 eprintln!("rein: cannot listen on {bind}: {e}");
@@ -161,7 +156,7 @@ fn serve_command(
                 ExitCode::FAILURE
             }
         }
-    })
+    }
 }
 
 /// Completes on SIGINT or SIGTERM.
@@ -187,15 +182,14 @@ async fn signal() {
     }
 }
 
-fn run_command(
-    config: &PathBuf,
+async fn run_command(
+    config: &Path,
     agent: Option<String>,
     thread: Option<String>,
     message: String,
-) -> std::pin::Pin<Box<dyn Future<Output = ExitCode>>> {
-    let config = config.clone();
-    Box::pin(async move {
-        let Some(deployment) = load(&config, &mut std::io::stderr()) else {
+) -> ExitCode {
+    {
+        let Some(deployment) = load(config, &mut std::io::stderr()) else {
             return ExitCode::FAILURE;
         };
         if thread.is_some() && deployment.store == StoreConfig::Memory {
@@ -244,7 +238,7 @@ fn run_command(
                 TerminationReason::Error(_) => ExitCode::FAILURE,
             },
         }
-    })
+    }
 }
 
 /// How long shutdown waits for open connections after the runs ended.
