@@ -488,3 +488,13 @@ async fn a_real_over_long_prompt_is_a_context_overflow() {
         "{kind:?}"
     );
 }
+
+#[test]
+fn an_api_key_never_shows_in_debug_output() {
+    let executor = GenaiExecutor::openai_compatible(
+        "http://127.0.0.1:9/v1/",
+        Some("sk-very-secret-key".to_owned()),
+    );
+    let shown = format!("{executor:?} {executor:#?}");
+    assert!(!shown.contains("sk-very-secret-key"), "{shown}");
+}
