@@ -109,14 +109,7 @@ async fn the_official_client_runs_a_conversation_and_only_new_messages_are_store
     );
     // The second request resent "hello" and the first run's messages:
     // only "and again" was appended.
-    let (_, history) = server.get("/v1/threads/agui-conversation/messages").await;
-    let users: Vec<&str> = history
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "user")
-        .map(|m| m["content"].as_str().unwrap())
-        .collect();
+    let users = server.user_messages("agui-conversation").await;
     assert_eq!(users, vec!["hello", "and again"]);
     // The client holds both answers and the tool result as messages.
     let roles: Vec<&str> = seen["messages"]

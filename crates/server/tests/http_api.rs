@@ -205,14 +205,7 @@ async fn reject_refuses_a_busy_thread_enqueue_waits_in_order_and_interrupt_cance
     );
     server.finished(q1).await;
     server.finished(q2).await;
-    let (_, history) = server.get("/v1/threads/t/messages").await;
-    let users: Vec<&str> = history
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "user")
-        .map(|m| m["content"].as_str().unwrap())
-        .collect();
+    let users = server.user_messages("t").await;
     assert_eq!(users, vec!["slow one", "queued 1", "queued 2"]);
 
     // interrupt (the default): the active run ends cancelled, cause interrupted.
@@ -312,14 +305,7 @@ async fn two_hundred_submissions_from_twenty_connections_each_key_twice_apply_on
         let record = server.finished(runs.iter().next().unwrap()).await;
         assert_eq!(record["termination"]["type"], "natural_end");
     }
-    let (_, history) = server.get("/v1/threads/storm/messages").await;
-    let users: Vec<&str> = history
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "user")
-        .map(|m| m["content"].as_str().unwrap())
-        .collect();
+    let users = server.user_messages("storm").await;
     assert_eq!(users.len(), 100, "each message once");
     assert_eq!(users.iter().collect::<HashSet<_>>().len(), 100);
     server.stop().await;

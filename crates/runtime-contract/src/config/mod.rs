@@ -374,8 +374,9 @@ impl<'de> Visitor<'de> for StopConditionsDocSeed<'_> {
 }
 
 /// A mapping key that must be one of `self.0`; an unknown key is reported
-/// at the key itself.
-struct KeySeed(&'static [&'static str]);
+/// at the key itself (for documents that embed these loaders' items).
+#[derive(Debug, Clone, Copy)]
+pub struct KeySeed(pub &'static [&'static str]);
 
 impl<'de> DeserializeSeed<'de> for KeySeed {
     type Value = &'static str;

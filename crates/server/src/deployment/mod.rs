@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use rein::config::{AgentSpecSeed, ConfigError, stop_condition_kinds};
+use rein::config::{AgentSpecSeed, ConfigError, KeySeed, stop_condition_kinds};
 use rein::registry_spec::AgentSpec;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -457,7 +457,7 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
             server: ServerSettings::default(),
         };
         let mut seen: Vec<&'static str> = Vec::new();
-        while let Some(key) = map.next_key_seed(DocumentKey)? {
+        while let Some(key) = map.next_key_seed(KeySeed(DOCUMENT_KEYS))? {
             if seen.contains(&key) {
                 return Err(de::Error::custom(format!("duplicate field `{key}`")));
             }
@@ -472,34 +472,6 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
             seen.push(key);
         }
         Ok(deployment)
-    }
-}
-
-/// A top-level key, checked where it stands (so an unknown one is
-/// reported at the key).
-struct DocumentKey;
-
-impl<'de> DeserializeSeed<'de> for DocumentKey {
-    type Value = &'static str;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_identifier(self)
-    }
-}
-
-impl Visitor<'_> for DocumentKey {
-    type Value = &'static str;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a section name")
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<&'static str, E> {
-        DOCUMENT_KEYS
-            .iter()
-            .find(|k| **k == v)
-            .copied()
-            .ok_or_else(|| E::unknown_field(v, DOCUMENT_KEYS))
     }
 }
 

@@ -100,6 +100,19 @@ impl Server {
         self.post(&format!("/v1/threads/{thread}/runs"), body).await
     }
 
+    /// The contents of the thread's user messages, in order.
+    pub async fn user_messages(&self, thread: &str) -> Vec<String> {
+        let (status, history) = self.get(&format!("/v1/threads/{thread}/messages")).await;
+        assert_eq!(status, 200, "{history}");
+        history
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .map(|m| m["content"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
     /// Polls a run until it is finished; returns its record.
     pub async fn finished(&self, run_id: &str) -> Value {
         for _ in 0..2000 {
