@@ -529,3 +529,31 @@ async fn shutdown_cancels_active_runs_with_cause_shutdown_and_ends_queued_ones()
     let history = service.messages("t").await;
     assert!(history.iter().all(|m| !m.content.contains("later")));
 }
+
+#[tokio::test]
+async fn a_finished_run_older_than_the_ttl_is_dropped_by_the_sweeper() {
+    let yaml = YAML.replace(
+        "agents:",
+        "server: { retention: { finished_run_ttl_seconds: 1 } }\nagents:",
+    );
+    let server = Server::start(&yaml).await;
+    let (_, record) = server
+        .post(
+            "/v1/threads/t/runs?wait=true",
+            json!({"agent_id": "fast", "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    let path = format!("/v1/runs/{}", record["run_id"].as_str().unwrap());
+    let started = std::time::Instant::now();
+    // The sweeper runs every quarter of the TTL: gone within a few seconds.
+    while server.get(&path).await.0 == 200 {
+        assert!(started.elapsed() < Duration::from_secs(10), "never dropped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "dropped before its TTL"
+    );
+    assert_eq!(server.service.kept_runs(), 0);
+    server.stop().await;
+}
