@@ -1,14 +1,20 @@
 //! From a [`Deployment`] to a running [`AgentRuntime`]: executors for the
-//! providers, model specs, the built-in plugins the agents list.
+//! providers, model specs, the built-in plugins the agents list, and the
+//! MCP servers whose tools they list (started here, each agent getting
+//! exactly the MCP tools it names).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rein::engine::{GenaiExecutor, ScriptedExecutor};
+use rein::plugin::{Plugin, PluginRegistrar};
 use rein::plugins::TerminatePlugin;
+use rein::tools::Tool;
 use rein::{AgentRuntime, AgentRuntimeBuilder, BuildError, ModelSpec};
+use rein_mcp::{McpError, McpOptions, McpServer, McpTransport};
 
-use crate::deployment::{Deployment, ProviderConfig};
+use crate::deployment::{Deployment, MCP_TOOL_SEPARATOR, McpServerConfig, ProviderConfig};
 
 /// Why a checked deployment could not be started.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -24,37 +30,171 @@ pub enum AssembleError {
         /// The variable.
         variable: String,
     },
-    /// An agent lists MCP tools, which this build cannot start.
-    #[error(
-        "agent \"{agent}\" lists the MCP tool \"{tool}\", but MCP servers are not supported by this build yet"
-    )]
-    McpUnsupported {
-        /// The agent id.
-        agent: String,
-        /// The tool.
-        tool: String,
-    },
+    /// An MCP server could not be started, or lacks a listed tool.
+    #[error("{0}")]
+    Mcp(#[from] McpError),
     /// The runtime's own checks failed.
     #[error(transparent)]
     Build(#[from] BuildError),
 }
 
-/// Builds the runtime a deployment describes.
-///
-/// # Errors
-///
-/// An [`AssembleError`]: a missing API key variable, MCP tools, or a
-/// failed runtime build.
-pub fn runtime(deployment: &Deployment) -> Result<AgentRuntime, AssembleError> {
-    builder(deployment)?.build().map_err(AssembleError::from)
+/// A started deployment: its runtime and the MCP servers its agents use.
+#[derive(Debug)]
+pub struct Assembled {
+    /// The runtime.
+    pub runtime: AgentRuntime,
+    /// The MCP servers, by id.
+    pub mcp_servers: BTreeMap<String, Arc<McpServer>>,
 }
 
-/// The builder for a deployment's runtime, for callers that add to it.
+impl Assembled {
+    /// Shuts the MCP servers down (each gets the cancel-wait bound, then
+    /// its process group is killed).
+    pub async fn shutdown_mcp(&self) {
+        for server in self.mcp_servers.values() {
+            server.shutdown().await;
+        }
+    }
+}
+
+/// Starts what a deployment describes: the MCP servers its agents use
+/// (in parallel), then the runtime.
 ///
 /// # Errors
 ///
-/// As for [`runtime`], except the final build.
+/// An [`AssembleError`]: a missing API key variable, an MCP server that
+/// does not start or lacks a listed tool (naming the server and tool, and
+/// listing its tools), or a failed runtime build. Servers already started
+/// are shut down first.
+pub async fn start(deployment: &Deployment) -> Result<Assembled, AssembleError> {
+    let mcp_servers = start_mcp(deployment).await?;
+    let outcome = build(deployment, &mcp_servers);
+    match outcome {
+        Ok(runtime) => Ok(Assembled {
+            runtime,
+            mcp_servers,
+        }),
+        Err(e) => {
+            for server in mcp_servers.values() {
+                server.shutdown().await;
+            }
+            Err(e)
+        }
+    }
+}
+
+fn build(
+    deployment: &Deployment,
+    mcp_servers: &BTreeMap<String, Arc<McpServer>>,
+) -> Result<AgentRuntime, AssembleError> {
+    let mut agent_tools = BTreeMap::new();
+    for agent in &deployment.agents {
+        let mut tools = Vec::new();
+        for name in &agent.tools {
+            // The file was checked: every listed tool names a known server.
+            let Some((server_id, tool)) = name.split_once(MCP_TOOL_SEPARATOR) else {
+                continue;
+            };
+            if let Some(server) = mcp_servers.get(server_id) {
+                tools.push(server.tool(tool)?);
+            }
+        }
+        agent_tools.insert(agent.spec.id.clone(), tools);
+    }
+    builder_with(deployment, agent_tools)?
+        .build()
+        .map_err(AssembleError::from)
+}
+
+/// The MCP servers that some agent uses, started in parallel.
+async fn start_mcp(
+    deployment: &Deployment,
+) -> Result<BTreeMap<String, Arc<McpServer>>, AssembleError> {
+    let used: Vec<(&String, &McpServerConfig)> = deployment
+        .mcp_servers
+        .iter()
+        .filter(|(id, _)| {
+            deployment.agents.iter().any(|a| {
+                a.tools.iter().any(|t| {
+                    t.split_once(MCP_TOOL_SEPARATOR)
+                        .is_some_and(|(s, _)| s == *id)
+                })
+            })
+        })
+        .collect();
+    let starts = used.iter().map(|(id, config)| {
+        let options = McpOptions {
+            cancel_wait: Duration::from_millis(deployment.server.cancel_wait_ms),
+            tool_timeout: Duration::from_secs(config.tool_timeout_seconds),
+            ..McpOptions::default()
+        };
+        McpServer::start((*id).clone(), transport(config), options)
+    });
+    let mut started = BTreeMap::new();
+    let mut failure = None;
+    for outcome in futures::future::join_all(starts).await {
+        match outcome {
+            Ok(server) => {
+                started.insert(server.id().to_owned(), server);
+            }
+            Err(e) => failure = failure.or(Some(e)),
+        }
+    }
+    if let Some(e) = failure {
+        for server in started.values() {
+            server.shutdown().await;
+        }
+        return Err(e.into());
+    }
+    Ok(started)
+}
+
+fn transport(config: &McpServerConfig) -> McpTransport {
+    match (&config.command, &config.url) {
+        (Some(command), _) => McpTransport::Stdio {
+            command: command.clone(),
+            args: config.args.clone(),
+            env: config.env.clone(),
+            cwd: config.cwd.clone(),
+        },
+        (None, url) => McpTransport::Http {
+            url: url.clone().unwrap_or_default(),
+        },
+    }
+}
+
+/// An agent's MCP tools, registered for that agent only.
+struct AgentTools(Vec<Arc<dyn Tool>>);
+
+impl Plugin for AgentTools {
+    fn register(
+        &self,
+        registrar: &mut PluginRegistrar,
+    ) -> Result<(), rein::contract::state::StateError> {
+        for tool in &self.0 {
+            registrar.register_tool(tool.descriptor().name, tool.clone());
+        }
+        Ok(())
+    }
+}
+
+/// The builder for a deployment's runtime without MCP tools (its agents'
+/// `tools` lists are ignored), for callers that add their own agents and
+/// tools — e.g. benchmarks.
+///
+/// # Errors
+///
+/// [`AssembleError::MissingKey`].
 pub fn builder(deployment: &Deployment) -> Result<AgentRuntimeBuilder, AssembleError> {
+    builder_with(deployment, BTreeMap::new())
+}
+
+/// The builder, each agent getting the tools in `agent_tools` (its MCP
+/// tools) through a plugin of its own, `mcp:<agent id>`.
+fn builder_with(
+    deployment: &Deployment,
+    mut agent_tools: BTreeMap<String, Vec<Arc<dyn Tool>>>,
+) -> Result<AgentRuntimeBuilder, AssembleError> {
     let mut builder = AgentRuntimeBuilder::new()
         .with_cancel_wait_timeout(Duration::from_millis(deployment.server.cancel_wait_ms));
     for (id, provider) in &deployment.providers {
@@ -104,14 +244,14 @@ pub fn builder(deployment: &Deployment) -> Result<AgentRuntimeBuilder, AssembleE
     }
     let mut terminate = false;
     for agent in &deployment.agents {
-        if let Some(tool) = agent.tools.first() {
-            return Err(AssembleError::McpUnsupported {
-                agent: agent.spec.id.clone(),
-                tool: tool.clone(),
-            });
-        }
         terminate |= agent.spec.plugin_ids.iter().any(|p| p == "terminate");
-        builder = builder.with_agent_spec(agent.spec.clone());
+        let mut spec = agent.spec.clone();
+        if let Some(tools) = agent_tools.remove(&spec.id).filter(|t| !t.is_empty()) {
+            let plugin_id = format!("mcp:{}", spec.id);
+            builder = builder.with_plugin(&plugin_id, Arc::new(AgentTools(tools)));
+            spec = spec.with_plugin_id(plugin_id);
+        }
+        builder = builder.with_agent_spec(spec);
     }
     if terminate {
         builder = builder.with_plugin("terminate", Arc::new(TerminatePlugin::new()));

@@ -125,8 +125,8 @@ async fn serve_command(config: &Path, bind: &str) -> ExitCode {
         let Some(deployment) = load(config, &mut std::io::stderr()) else {
             return ExitCode::FAILURE;
         };
-        let runtime = match assemble::runtime(&deployment) {
-            Ok(r) => r,
+        let assembled = match assemble::start(&deployment).await {
+            Ok(a) => a,
             Err(e) => {
                 eprintln!("rein: {e}");
                 return ExitCode::FAILURE;
@@ -136,6 +136,7 @@ async fn serve_command(config: &Path, bind: &str) -> ExitCode {
             Ok(l) => l,
             Err(e) => {
                 eprintln!("rein: cannot listen on {bind}: {e}");
+                assembled.shutdown_mcp().await;
                 return ExitCode::FAILURE;
             }
         };
@@ -143,13 +144,17 @@ async fn serve_command(config: &Path, bind: &str) -> ExitCode {
             Ok(a) => a,
             Err(e) => {
                 eprintln!("rein: {e}");
+                assembled.shutdown_mcp().await;
                 return ExitCode::FAILURE;
             }
         };
-        let service = Service::new(runtime, deployment.server.clone());
+        let service = Service::new(assembled.runtime.clone(), deployment.server.clone());
         println!("listening on http://{addr}");
         let _ = std::io::stdout().flush();
-        match serve(listener, service, signal()).await {
+        let served = serve(listener, service, signal()).await;
+        // Runs have ended; the MCP servers go last.
+        assembled.shutdown_mcp().await;
+        match served {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("rein: the server failed: {e}");
@@ -197,13 +202,14 @@ async fn run_command(
                 "rein: note: with `store: memory` every `rein run` starts with an empty thread; --thread continues a thread only with a durable store"
             );
         }
-        let runtime = match assemble::runtime(&deployment) {
-            Ok(r) => r,
+        let assembled = match assemble::start(&deployment).await {
+            Ok(a) => a,
             Err(e) => {
                 eprintln!("rein: {e}");
                 return ExitCode::FAILURE;
             }
         };
+        let runtime = &assembled.runtime;
         let thread = thread.unwrap_or_else(|| format!("cli-{}", std::process::id()));
         let mut request = RunRequest::new(thread, vec![Message::user(message)]);
         if let Some(agent) = agent {
@@ -226,6 +232,7 @@ async fn run_command(
         }
         let result = stream.wait().await;
         runtime.shutdown().await;
+        assembled.shutdown_mcp().await;
         match result {
             Err(e) => {
                 eprintln!("rein: {e}");

@@ -113,6 +113,14 @@ pub struct McpServerConfig {
     /// The URL of a streamable-HTTP server.
     #[serde(default)]
     pub url: Option<String>,
+    /// How long one of its tool calls may take (default 60 s); past it,
+    /// the call is cancelled and its result says so.
+    #[serde(default = "default_tool_timeout")]
+    pub tool_timeout_seconds: u64,
+}
+
+fn default_tool_timeout() -> u64 {
+    60
 }
 
 /// An agent: its spec, and the tools it lists by name.

@@ -19,6 +19,7 @@ use serde_json::Value;
 pub struct Server {
     pub url: String,
     pub service: Service,
+    pub assembled: std::sync::Arc<rein_server::assemble::Assembled>,
     pub client: reqwest::Client,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -27,8 +28,9 @@ pub struct Server {
 impl Server {
     pub async fn start(yaml: &str) -> Self {
         let deployment = Deployment::from_yaml(yaml).unwrap();
-        let runtime = rein_server::assemble::runtime(&deployment).unwrap();
-        let service = Service::new(runtime, deployment.server.clone());
+        let assembled =
+            std::sync::Arc::new(rein_server::assemble::start(&deployment).await.unwrap());
+        let service = Service::new(assembled.runtime.clone(), deployment.server.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -38,6 +40,7 @@ impl Server {
         Self {
             url,
             service,
+            assembled,
             client: reqwest::Client::new(),
             stop: Some(stop),
             task: Some(task),
@@ -52,6 +55,7 @@ impl Server {
         if let Some(task) = self.task.take() {
             task.await.unwrap().unwrap();
         }
+        self.assembled.shutdown_mcp().await;
     }
 
     pub fn at(&self, path: &str) -> String {

@@ -1,0 +1,190 @@
+//! MCP servers in the deployment file: an agent's MCP tools over HTTP, a
+//! listed tool the server lacks, `rein check` not starting servers, and
+//! `rein serve` leaving no child process after SIGTERM. Against the
+//! reference server `@modelcontextprotocol/server-everything`, installed by
+//! `.ci/run` (`REIN_MCP_EVERYTHING` names its `dist/index.js`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Server;
+use rein_server::deployment::Deployment;
+use serde_json::json;
+
+fn everything() -> Option<String> {
+    match std::env::var("REIN_MCP_EVERYTHING") {
+        Ok(path) if !path.is_empty() => Some(path),
+        _ => {
+            let _ = std::io::stderr().write_all(
+                b"MCP deployment tests skipped: REIN_MCP_EVERYTHING is not set (.ci/run sets it)\n",
+            );
+            None
+        }
+    }
+}
+
+fn yaml(entry: &str, tools: &str) -> String {
+    format!(
+        r#"
+providers:
+  offline:
+    kind: scripted
+    responses:
+      - {{ tool_calls: [ {{ name: everything__echo, arguments: {{ message: "from the model" }} }} ] }}
+      - "The server echoed it."
+models:
+  demo: {{ provider: offline, model: script }}
+mcp_servers:
+  everything: {{ command: node, args: ["{entry}", "stdio"] }}
+agents:
+  - {{ id: assistant, model_id: demo, tools: [{tools}] }}
+"#
+    )
+}
+
+#[tokio::test]
+async fn an_agent_calls_its_mcp_tool_through_the_http_api() {
+    let Some(entry) = everything() else { return };
+    let server = Server::start(&yaml(&entry, "everything__echo")).await;
+    let (_, agents) = server.get("/v1/agents").await;
+    assert_eq!(agents[0]["tools"], json!(["everything__echo"]));
+    let (status, record) = server
+        .post(
+            "/v1/threads/t/runs?wait=true",
+            json!({"messages": [{"role": "user", "content": "echo something"}]}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    let (_, history) = server.get("/v1/threads/t/messages").await;
+    assert!(
+        history.to_string().contains("Echo: from the model"),
+        "{history}"
+    );
+    let pid = server.assembled.mcp_servers["everything"]
+        .child_pid()
+        .await
+        .unwrap();
+    server.stop().await;
+    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists() || zombie(pid));
+}
+
+fn zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.split_whitespace().nth(2) == Some("Z"))
+        .unwrap_or(true)
+}
+
+#[tokio::test]
+async fn a_listed_tool_the_server_lacks_fails_the_start_naming_both() {
+    let Some(entry) = everything() else { return };
+    let deployment = Deployment::from_yaml(&yaml(&entry, "everything__nope")).unwrap();
+    let error = rein_server::assemble::start(&deployment)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("MCP server \"everything\" has no tool \"nope\""),
+        "{error}"
+    );
+    assert!(error.contains("echo"), "{error}");
+}
+
+#[test]
+fn check_resolves_mcp_servers_without_starting_them() {
+    let dir = std::env::temp_dir().join(format!("rein-mcp-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rein.yaml");
+    // A command that does not exist: check must not try to run it.
+    std::fs::write(
+        &path,
+        yaml("/nonexistent/server.js", "everything__echo")
+            .replace("command: node", "command: /nonexistent/mcp-server"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    std::fs::write(&path, yaml("/x.js", "ghost__echo")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("names unknown MCP server \"ghost\"; known MCP servers: everything")
+    );
+}
+
+/// The pids of the processes whose parent is `parent`.
+fn children(parent: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Fields after the command's closing parenthesis: state, ppid, …
+        let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        if fields.get(1).and_then(|p| p.parse::<u32>().ok()) == Some(parent)
+            && fields.first() != Some(&"Z")
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[test]
+fn serve_with_an_mcp_server_leaves_no_child_process_after_sigterm() {
+    let Some(entry) = everything() else { return };
+    let dir = std::env::temp_dir().join(format!("rein-mcp-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rein.yaml");
+    std::fs::write(&path, yaml(&entry, "everything__echo")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["serve", "--bind", "127.0.0.1:0", "--config"])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .next()
+        .unwrap()
+        .unwrap();
+    assert!(line.starts_with("listening on "), "{line}");
+    let servers = children(child.id());
+    assert_eq!(servers.len(), 1, "one MCP server process: {servers:?}");
+    let status = Command::new("kill")
+        .args(["-s", "TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    let start = Instant::now();
+    while servers
+        .iter()
+        .any(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists() && !zombie(*pid))
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the MCP server outlived rein serve"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
