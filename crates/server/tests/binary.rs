@@ -38,7 +38,7 @@ fn signal(pid: u32, name: &str) {
 
 #[test]
 fn check_says_ok_for_the_examples_and_lists_every_error_with_its_position() {
-    for example in ["rein.yaml", "rein-local.yaml"] {
+    for example in ["rein.yaml", "rein-local.yaml", "rein-mcp.yaml"] {
         let out = rein()
             .args(["check", "--config"])
             .arg(examples().join(example))
