@@ -159,3 +159,8 @@ mod tests {
         assert_eq!(rein_name("fs", "read.file/v2"), "fs__read_file_v2");
     }
 }
+
+/// The MCP guide's code, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/mcp.md")]
+mod mcp_doc {}

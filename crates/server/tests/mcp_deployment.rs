@@ -192,7 +192,8 @@ fn serve_with_an_mcp_server_leaves_no_child_process_after_sigterm() {
 #[test]
 fn the_mcp_example_runs_offline() {
     let Some(_) = everything() else { return };
-    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/rein-mcp.yaml");
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/rein-mcp.yaml");
     let out = Command::new(env!("CARGO_BIN_EXE_rein"))
         .args(["run", "--config"])
         .arg(example)
@@ -201,5 +202,8 @@ fn the_mcp_example_runs_offline() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
-    assert!(err.contains("[tool] everything__echo -> Echo: hello over MCP"), "{err}");
+    assert!(
+        err.contains("[tool] everything__echo -> Echo: hello over MCP"),
+        "{err}"
+    );
 }
