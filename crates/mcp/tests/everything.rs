@@ -338,3 +338,55 @@ async fn the_same_server_over_streamable_http() {
     child.kill().await.unwrap();
     gone(pid).await;
 }
+
+#[tokio::test]
+async fn the_server_receives_the_cancellation_of_a_dropped_call() {
+    let Some(entry) = everything() else { return };
+    // The reference server's own dependencies hold the official SDK.
+    let modules = std::path::Path::new(&entry)
+        .ancestors()
+        .nth(4)
+        .unwrap()
+        .to_path_buf();
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/cancel_log.cjs");
+    let log = std::env::temp_dir().join(format!("rein-mcp-cancel-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let transport = McpTransport::Stdio {
+        command: "node".into(),
+        args: vec![script.display().to_string()],
+        env: [
+            ("NODE_PATH".to_owned(), modules.display().to_string()),
+            ("CANCEL_LOG".to_owned(), log.display().to_string()),
+        ]
+        .into(),
+        cwd: None,
+    };
+    let server = McpServer::start("logger", transport, McpOptions::default())
+        .await
+        .unwrap();
+    let pid = server.child_pid().await.unwrap();
+    let wait = server.tool("wait").unwrap();
+    let context = ctx();
+    let call = wait.execute(json!({}), &context);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), call)
+            .await
+            .is_err()
+    );
+    let start = Instant::now();
+    loop {
+        let seen = std::fs::read_to_string(&log).unwrap_or_default();
+        if seen.starts_with("cancelled ") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the server never saw the cancellation"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.shutdown().await;
+    gone(pid).await;
+    let _ = std::fs::remove_file(&log);
+}
