@@ -5,11 +5,14 @@
 //!   with every feature, so the `otel` exporter is checked too).
 //! - `local-llm start|stop|status|install`: a local OpenAI-compatible model
 //!   server for the live tests (see `local_llm`).
+//! - `postgres start|stop|status`: a private PostgreSQL cluster for the
+//!   durable-mode tests (see `postgres`).
 //! - `bench [NAME…] [--json PATH] [--tiny] [--timeout SECS]`: the benchmark
 //!   workloads (see `bench`).
 
 mod bench;
 mod local_llm;
+mod postgres;
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -129,6 +132,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("local-llm") => local_llm::main(&args[1..]),
+        Some("postgres") => postgres::main(&args[1..]),
         Some("bench") => bench::main(&args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             println!("{USAGE}");
@@ -152,13 +156,16 @@ commands:
   local-llm start [--port N]|stop|status|install
                                        a local model server for the live tests; start prints
                                        REIN_LLM_BASE_URL=<url> as its last line
+  postgres start|stop|status           a private PostgreSQL cluster (127.0.0.1, free port); start
+                                       prints REIN_DATABASE_URL=<url> as its last line
   bench [NAME...] [--json PATH] [--tiny] [--timeout SECS]
                                        release-mode benchmarks, median of 3 fresh processes,
                                        each killed after SECS (default 120); names: rounds
                                        rounds_external rounds_policies rounds_loops rounds_events concurrent
                                        cancel cancel_pause cancel_external cancel_external_pause
                                        cancel_open mailbox mailbox_external policies chanting
-                                       chanting_spaces chanting_rules";
+                                       chanting_spaces chanting_rules http http_first_event
+                                       http_retention";
 
 /// Runs `cargo` with `args`, failing with the command line when it fails.
 pub(crate) fn cargo(args: &[&str]) -> Result<(), String> {
