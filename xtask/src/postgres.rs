@@ -29,7 +29,10 @@ fn owner() -> (Option<String>, PathBuf) {
             .unwrap_or_default();
         (Some(user), PathBuf::from(home))
     } else {
-        (None, PathBuf::from(std::env::var("HOME").unwrap_or_default()))
+        (
+            None,
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()),
+        )
     }
 }
 
@@ -108,12 +111,20 @@ impl Cluster {
         let mut mkdir = as_owner(&self.user, "mkdir");
         mkdir.arg("-p").arg(&self.dir);
         run(mkdir, "mkdir")?;
-        println!("xtask: creating a PostgreSQL cluster in {}", self.data().display());
+        println!(
+            "xtask: creating a PostgreSQL cluster in {}",
+            self.data().display()
+        );
         let mut initdb = as_owner(&self.user, "initdb");
-        initdb
-            .arg("-D")
-            .arg(self.data())
-            .args(["-A", "trust", "-U", "rein", "-E", "UTF8", "--no-instructions"]);
+        initdb.arg("-D").arg(self.data()).args([
+            "-A",
+            "trust",
+            "-U",
+            "rein",
+            "-E",
+            "UTF8",
+            "--no-instructions",
+        ]);
         run(initdb, "initdb").map(|_| ())
     }
 
@@ -152,7 +163,15 @@ impl Cluster {
         }
         // The database the URL names (createdb fails if it exists: fine).
         let mut create = as_owner(&self.user, "createdb");
-        create.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "rein", "rein"]);
+        create.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-U",
+            "rein",
+            "rein",
+        ]);
         let _ = create.output();
         Ok(port)
     }

@@ -15,7 +15,14 @@ use std::path::Path;
 fn the_architecture_map_names_every_top_level_module() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let map = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
-    for krate in ["runtime-contract", "runtime", "providers", "server", "mcp"] {
+    for krate in [
+        "runtime-contract",
+        "runtime",
+        "providers",
+        "server",
+        "mcp",
+        "postgres",
+    ] {
         assert!(
             map.contains(&format!("crates/{krate}")),
             "crate {krate} missing from the map"

@@ -1,0 +1,142 @@
+//! [`Leases`]: which threads this process owns, with the fence each
+//! ownership holds.
+//!
+//! **Invariant:** a thread's `fence` grows by one each time its owner
+//! changes (taking a free, expired or released lease), never otherwise; so
+//! the fence a process holds is current exactly while nobody took the
+//! thread from it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use sqlx::postgres::PgPool;
+
+/// One process's thread leases.
+#[derive(Debug)]
+pub struct Leases {
+    pool: PgPool,
+    owner: String,
+    lease: Duration,
+    held: DashMap<String, i64>,
+}
+
+impl Leases {
+    /// Leases held as `owner` (unique per process, e.g. host and pid),
+    /// each valid for `lease` after its last renewal.
+    pub fn new(pool: PgPool, owner: impl Into<String>, lease: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            pool,
+            owner: owner.into(),
+            lease,
+            held: DashMap::new(),
+        })
+    }
+
+    /// This process's owner name.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Takes the thread's lease if it is free, expired or already ours;
+    /// returns the fence it holds, or `None` when another process owns the
+    /// thread.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn acquire(&self, thread_id: &str) -> Result<Option<i64>, sqlx::Error> {
+        let fence: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO rein_threads (thread_id, owner, fence, lease_until)
+             VALUES ($1, $2, 1, now() + make_interval(secs => $3))
+             ON CONFLICT (thread_id) DO UPDATE SET
+                 fence = CASE
+                     WHEN rein_threads.owner = EXCLUDED.owner AND rein_threads.lease_until > now()
+                         THEN rein_threads.fence
+                     ELSE rein_threads.fence + 1
+                 END,
+                 owner = EXCLUDED.owner,
+                 lease_until = EXCLUDED.lease_until
+             WHERE rein_threads.owner IS NULL
+                OR rein_threads.owner = EXCLUDED.owner
+                OR rein_threads.lease_until < now()
+             RETURNING fence",
+        )
+        .bind(thread_id)
+        .bind(&self.owner)
+        .bind(self.lease.as_secs_f64())
+        .fetch_optional(&self.pool)
+        .await?;
+        match fence {
+            Some(fence) => {
+                self.held.insert(thread_id.to_owned(), fence);
+            }
+            None => {
+                self.held.remove(thread_id);
+            }
+        }
+        Ok(fence)
+    }
+
+    /// Renews every lease held; returns the threads whose lease was lost
+    /// (taken by another process), which are no longer held.
+    ///
+    /// # Errors
+    ///
+    /// The database failed (nothing is renewed or dropped).
+    pub async fn renew(&self) -> Result<Vec<String>, sqlx::Error> {
+        let (threads, fences): (Vec<String>, Vec<i64>) = self
+            .held
+            .iter()
+            .map(|e| (e.key().clone(), *e.value()))
+            .unzip();
+        if threads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let kept: Vec<String> = sqlx::query_scalar(
+            "UPDATE rein_threads AS t
+             SET lease_until = now() + make_interval(secs => $4)
+             FROM unnest($1::text[], $2::bigint[]) AS h(thread_id, fence)
+             WHERE t.thread_id = h.thread_id AND t.fence = h.fence AND t.owner = $3
+             RETURNING t.thread_id",
+        )
+        .bind(&threads)
+        .bind(&fences)
+        .bind(&self.owner)
+        .bind(self.lease.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        let lost: Vec<String> = threads.into_iter().filter(|t| !kept.contains(t)).collect();
+        for thread in &lost {
+            self.held.remove(thread);
+        }
+        Ok(lost)
+    }
+
+    /// Gives the thread's lease up (if still ours); the next owner bumps
+    /// the fence.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn release(&self, thread_id: &str) -> Result<(), sqlx::Error> {
+        let Some((_, fence)) = self.held.remove(thread_id) else {
+            return Ok(());
+        };
+        sqlx::query(
+            "UPDATE rein_threads SET owner = NULL, lease_until = NULL
+             WHERE thread_id = $1 AND owner = $2 AND fence = $3",
+        )
+        .bind(thread_id)
+        .bind(&self.owner)
+        .bind(fence)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The fence this process holds for the thread, if it holds its lease.
+    pub fn fence(&self, thread_id: &str) -> Option<i64> {
+        self.held.get(thread_id).map(|f| *f)
+    }
+}

@@ -1,0 +1,52 @@
+//! Rein on PostgreSQL: a durable thread store, and thread ownership with
+//! fencing.
+//!
+//! # The model
+//!
+//! - [`connect`] opens a pool and runs the migrations (`sqlx::migrate!`;
+//!   PostgreSQL's advisory lock makes concurrent starts safe).
+//! - [`PgThreadStore`] is a [`ThreadStore`]: each thread's history is rows of
+//!   `rein_messages` (one JSON message per row, in order); every append,
+//!   replace or delete is one transaction.
+//! - [`Leases`] is one process's ownership of threads: a lease per thread,
+//!   renewed by heartbeat, that expires on the **database's** clock. Each
+//!   change of owner bumps the thread's `fence`.
+//! - A store made with [`PgThreadStore::fenced`] writes a thread only while
+//!   its process holds the thread's lease, and every write checks, in its
+//!   transaction, that the thread's fence is still the one the lease gave:
+//!   a process that lost its lease (it was paused, or cut off) writes
+//!   nothing — the database refuses it.
+//!
+//! This crate is the storage half of distributed mode; the service's
+//! coordination across processes builds on it.
+
+mod leases;
+mod store;
+
+pub use leases::Leases;
+pub use store::PgThreadStore;
+
+#[doc(no_inline)]
+pub use rein_runtime::thread_store::ThreadStore;
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+/// The migrations, embedded at build time.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Opens a pool to `url` and brings the schema up to date.
+///
+/// # Errors
+///
+/// The connection or a migration failed.
+pub async fn connect(url: &str) -> Result<PgPool, sqlx::Error> {
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(url)
+        .await?;
+    MIGRATOR.run(&pool).await?;
+    Ok(pool)
+}

@@ -1,0 +1,156 @@
+//! [`PgThreadStore`]: thread histories in PostgreSQL, each write one
+//! transaction, fenced when the store belongs to a [`Leases`] holder.
+
+use std::sync::Arc;
+
+use rein_runtime::thread_store::{ThreadStore, ThreadStoreError};
+use rein_runtime_contract::message::Message;
+use sqlx::postgres::PgPool;
+use sqlx::{Postgres, Transaction};
+
+use crate::Leases;
+
+/// A durable [`ThreadStore`]. Made with [`new`](Self::new) it writes
+/// freely (one process); made with [`fenced`](Self::fenced) it writes a
+/// thread only with a current lease on it.
+#[derive(Debug, Clone)]
+pub struct PgThreadStore {
+    pool: PgPool,
+    leases: Option<Arc<Leases>>,
+}
+
+impl PgThreadStore {
+    /// A store that writes without ownership checks (a single process).
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool, leases: None }
+    }
+
+    /// A store whose writes need `leases` to hold the thread, checked in
+    /// each write's transaction against the thread's current fence.
+    pub fn fenced(pool: PgPool, leases: Arc<Leases>) -> Self {
+        Self {
+            pool,
+            leases: Some(leases),
+        }
+    }
+
+    /// Starts a write: makes sure the thread's row exists, locks it, and
+    /// checks the fence.
+    async fn begin(
+        &self,
+        thread_id: &str,
+    ) -> Result<Transaction<'static, Postgres>, ThreadStoreError> {
+        let fail = |e: sqlx::Error| ThreadStoreError::new(thread_id, e.to_string());
+        let mut tx = self.pool.begin().await.map_err(fail)?;
+        sqlx::query("INSERT INTO rein_threads (thread_id) VALUES ($1) ON CONFLICT DO NOTHING")
+            .bind(thread_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(fail)?;
+        let current: i64 =
+            sqlx::query_scalar("SELECT fence FROM rein_threads WHERE thread_id = $1 FOR UPDATE")
+                .bind(thread_id)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(fail)?;
+        if let Some(leases) = &self.leases {
+            match leases.fence(thread_id) {
+                Some(held) if held == current => {}
+                Some(held) => {
+                    return Err(ThreadStoreError::new(
+                        thread_id,
+                        format!(
+                            "fenced: this process ({}) held the thread at fence {held}, but it is now at fence {current} (another process took it over); nothing was written",
+                            leases.owner()
+                        ),
+                    ));
+                }
+                None => {
+                    return Err(ThreadStoreError::new(
+                        thread_id,
+                        format!(
+                            "this process ({}) does not hold the thread's lease; nothing was written",
+                            leases.owner()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(tx)
+    }
+
+    async fn insert(
+        tx: &mut Transaction<'static, Postgres>,
+        thread_id: &str,
+        messages: &[Message],
+    ) -> Result<(), ThreadStoreError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let fail = |e: String| ThreadStoreError::new(thread_id, e);
+        let json: Vec<serde_json::Value> = messages
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<_, _>>()
+            .map_err(|e| fail(e.to_string()))?;
+        sqlx::query(
+            "INSERT INTO rein_messages (thread_id, seq, message)
+             SELECT $1, base.n + m.ord, m.message
+             FROM (SELECT COALESCE(MAX(seq), 0) AS n FROM rein_messages WHERE thread_id = $1) AS base,
+                  unnest($2::jsonb[]) WITH ORDINALITY AS m(message, ord)",
+        )
+        .bind(thread_id)
+        .bind(&json)
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl ThreadStore for PgThreadStore {
+    async fn load(&self, thread_id: &str) -> Result<Vec<Message>, ThreadStoreError> {
+        let rows: Vec<serde_json::Value> = sqlx::query_scalar(
+            "SELECT message FROM rein_messages WHERE thread_id = $1 ORDER BY seq",
+        )
+        .bind(thread_id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| ThreadStoreError::new(thread_id, e.to_string()))?;
+        rows.into_iter()
+            .map(|row| {
+                serde_json::from_value(row).map_err(|e| {
+                    ThreadStoreError::new(thread_id, format!("a stored message is unreadable: {e}"))
+                })
+            })
+            .collect()
+    }
+
+    async fn append(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError> {
+        let mut tx = self.begin(thread_id).await?;
+        Self::insert(&mut tx, thread_id, messages).await?;
+        tx.commit()
+            .await
+            .map_err(|e| ThreadStoreError::new(thread_id, e.to_string()))
+    }
+
+    async fn replace(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError> {
+        let mut tx = self.begin(thread_id).await?;
+        sqlx::query("DELETE FROM rein_messages WHERE thread_id = $1")
+            .bind(thread_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| ThreadStoreError::new(thread_id, e.to_string()))?;
+        Self::insert(&mut tx, thread_id, messages).await?;
+        tx.commit()
+            .await
+            .map_err(|e| ThreadStoreError::new(thread_id, e.to_string()))
+    }
+
+    /// Drops the history; the thread's row (and its fence) stays, so a
+    /// stale owner stays fenced out of a thread that is used again.
+    async fn delete(&self, thread_id: &str) -> Result<(), ThreadStoreError> {
+        self.replace(thread_id, &[]).await
+    }
+}
