@@ -135,6 +135,23 @@ impl Leases {
         Ok(())
     }
 
+    /// Whether the database answers.
+    ///
+    /// # Errors
+    ///
+    /// The database could not be reached.
+    pub async fn ping(&self) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+    }
+
+    /// The threads whose lease this process holds.
+    pub fn held(&self) -> Vec<String> {
+        self.held.iter().map(|e| e.key().clone()).collect()
+    }
+
     /// The fence this process holds for the thread, if it holds its lease.
     pub fn fence(&self, thread_id: &str) -> Option<i64> {
         self.held.get(thread_id).map(|f| *f)

@@ -14,7 +14,12 @@ use rein::tools::Tool;
 use rein::{AgentRuntime, AgentRuntimeBuilder, BuildError, ModelSpec};
 use rein_mcp::{McpError, McpOptions, McpServer, McpTransport};
 
-use crate::deployment::{Deployment, MCP_TOOL_SEPARATOR, McpServerConfig, ProviderConfig};
+use crate::deployment::{
+    Deployment, MCP_TOOL_SEPARATOR, McpServerConfig, ProviderConfig, StoreConfig,
+};
+use crate::service::{LeaseOwnership, Ownership};
+use rein::thread_store::ThreadStore;
+use rein_postgres::{Leases, PgThreadStore};
 
 /// Why a checked deployment could not be started.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,6 +34,18 @@ pub enum AssembleError {
         provider: String,
         /// The variable.
         variable: String,
+    },
+    /// `store: postgres` names a variable that is not set.
+    #[error("store: postgres: the environment variable {variable} (its url_env) is not set")]
+    MissingDatabaseUrl {
+        /// The variable.
+        variable: String,
+    },
+    /// The database could not be reached or migrated.
+    #[error("store: postgres: {message}")]
+    Database {
+        /// What went wrong (the URL is not shown).
+        message: String,
     },
     /// An MCP server could not be started, or lacks a listed tool.
     #[error("{0}")]
@@ -45,6 +62,8 @@ pub struct Assembled {
     pub runtime: AgentRuntime,
     /// The MCP servers, by id.
     pub mcp_servers: BTreeMap<String, Arc<McpServer>>,
+    /// With `store: postgres`: which threads this process may run.
+    pub ownership: Option<Arc<dyn Ownership>>,
 }
 
 impl Assembled {
@@ -67,12 +86,15 @@ impl Assembled {
 /// listing its tools), or a failed runtime build. Servers already started
 /// are shut down first.
 pub async fn start(deployment: &Deployment) -> Result<Assembled, AssembleError> {
+    let store = durable_store(deployment).await?;
     let mcp_servers = start_mcp(deployment).await?;
-    let outcome = build(deployment, &mcp_servers);
+    let ownership = store.as_ref().map(|(_, ownership)| ownership.clone());
+    let outcome = build(deployment, &mcp_servers, store.map(|(store, _)| store));
     match outcome {
         Ok(runtime) => Ok(Assembled {
             runtime,
             mcp_servers,
+            ownership,
         }),
         Err(e) => {
             for server in mcp_servers.values() {
@@ -83,9 +105,41 @@ pub async fn start(deployment: &Deployment) -> Result<Assembled, AssembleError> 
     }
 }
 
+/// With `store: postgres`: the fenced store and this process's ownership.
+async fn durable_store(
+    deployment: &Deployment,
+) -> Result<Option<(Arc<dyn ThreadStore>, Arc<dyn Ownership>)>, AssembleError> {
+    let StoreConfig::Postgres { url_env } = &deployment.store else {
+        return Ok(None);
+    };
+    let url = std::env::var(url_env).map_err(|_| AssembleError::MissingDatabaseUrl {
+        variable: url_env.clone(),
+    })?;
+    let pool = rein_postgres::connect(&url)
+        .await
+        .map_err(|e| AssembleError::Database {
+            message: e.to_string(),
+        })?;
+    let owner = format!(
+        "{}-{}-{}",
+        std::env::var("HOSTNAME").unwrap_or_else(|_| "rein".to_owned()),
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    );
+    let lease = Duration::from_secs(deployment.server.lease_seconds.max(1));
+    let leases = Leases::new(pool.clone(), owner, lease);
+    let store: Arc<dyn ThreadStore> = Arc::new(PgThreadStore::fenced(pool, leases.clone()));
+    let ownership: Arc<dyn Ownership> = Arc::new(LeaseOwnership::new(leases, lease / 3));
+    Ok(Some((store, ownership)))
+}
+
 fn build(
     deployment: &Deployment,
     mcp_servers: &BTreeMap<String, Arc<McpServer>>,
+    store: Option<Arc<dyn ThreadStore>>,
 ) -> Result<AgentRuntime, AssembleError> {
     let mut agent_tools = BTreeMap::new();
     for agent in &deployment.agents {
@@ -101,9 +155,11 @@ fn build(
         }
         agent_tools.insert(agent.spec.id.clone(), tools);
     }
-    builder_with(deployment, agent_tools)?
-        .build()
-        .map_err(AssembleError::from)
+    let mut builder = builder_with(deployment, agent_tools)?;
+    if let Some(store) = store {
+        builder = builder.with_thread_store(store);
+    }
+    builder.build().map_err(AssembleError::from)
 }
 
 /// The MCP servers that some agent uses, started in parallel.

@@ -148,7 +148,11 @@ async fn serve_command(config: &Path, bind: &str) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let service = Service::new(assembled.runtime.clone(), deployment.server.clone());
+        let service = Service::with_ownership(
+            assembled.runtime.clone(),
+            deployment.server.clone(),
+            assembled.ownership.clone(),
+        );
         println!("listening on http://{addr}");
         let _ = std::io::stdout().flush();
         let served = serve(listener, service, signal()).await;
@@ -215,6 +219,25 @@ async fn run_command(
         if let Some(agent) = agent {
             request = request.with_agent_id(agent);
         }
+        if let Some(ownership) = &assembled.ownership {
+            match ownership.acquire(request.thread_id()).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    eprintln!(
+                        "rein: thread \"{}\" is being run by another process; try again when its run has finished",
+                        request.thread_id()
+                    );
+                    assembled.shutdown_mcp().await;
+                    return ExitCode::FAILURE;
+                }
+                Err(e) => {
+                    eprintln!("rein: the database could not be reached: {e}");
+                    assembled.shutdown_mcp().await;
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        let thread_id = request.thread_id().to_owned();
         let printer = TerminalPrinter::new();
         let mut stream = runtime.run_stream(request);
         let mut interrupted = false;
@@ -232,6 +255,9 @@ async fn run_command(
         }
         let result = stream.wait().await;
         runtime.shutdown().await;
+        if let Some(ownership) = &assembled.ownership {
+            ownership.release(&thread_id).await;
+        }
         assembled.shutdown_mcp().await;
         match result {
             Err(e) => {

@@ -155,6 +155,9 @@ pub struct ServerSettings {
     pub cancel_wait_ms: u64,
     /// How long finished runs and their events are kept.
     pub retention: Retention,
+    /// With `store: postgres`: how long a process's ownership of a thread
+    /// lasts without a heartbeat (default 10 s; renewed every third of it).
+    pub lease_seconds: u64,
 }
 
 impl Default for ServerSettings {
@@ -163,6 +166,7 @@ impl Default for ServerSettings {
             body_limit_bytes: 1024 * 1024,
             cancel_wait_ms: 5000,
             retention: Retention::default(),
+            lease_seconds: 10,
         }
     }
 }
@@ -394,13 +398,6 @@ impl Deployment {
                     ),
                 }
             }
-        }
-        if let StoreConfig::Postgres { .. } = self.store {
-            error(
-                "store",
-                "store: postgres is not available in this build yet; use `store: memory`"
-                    .to_owned(),
-            );
         }
         errors
     }

@@ -58,8 +58,9 @@ async fn not_found() -> ApiError {
     ApiError::new(404, "not_found", "no such route; see docs/service.md")
 }
 
-async fn healthz() -> Json<serde_json::Value> {
-    Json(serde_json::json!({"status": "ok"}))
+async fn healthz(State(service): State<Service>) -> Result<Json<serde_json::Value>, ApiError> {
+    service.health().await?;
+    Ok(Json(serde_json::json!({"status": "ok"})))
 }
 
 #[derive(Serialize)]

@@ -21,6 +21,7 @@
 //! cancelled, or refused when its turn comes (e.g. at shutdown).
 
 mod error;
+mod ownership;
 mod records;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -36,6 +37,7 @@ use rein::{
 use serde::Deserialize;
 
 pub use error::ApiError;
+pub use ownership::{LeaseOwnership, Ownership};
 pub use records::{LoggedEvent, RunEntry, RunRecord, RunStatus, ThreadEvent, ThreadTail};
 
 use crate::deployment::ServerSettings;
@@ -142,6 +144,8 @@ struct Inner {
     /// Per thread, the ids of the messages a client sent or was sent
     /// (AG-UI), so a resent conversation appends only what is new.
     message_ids: Mutex<HashMap<String, HashSet<String>>>,
+    /// Which threads this process may run, when the store is shared.
+    ownership: Option<Arc<dyn Ownership>>,
 }
 
 #[derive(Debug, Default)]
@@ -173,6 +177,17 @@ impl Service {
     /// A service over `runtime`. Starts the retention sweeper, so it must
     /// be called within a tokio runtime.
     pub fn new(runtime: AgentRuntime, settings: ServerSettings) -> Self {
+        Self::with_ownership(runtime, settings, None)
+    }
+
+    /// A service over a runtime whose store other processes share: it runs
+    /// a thread only while `ownership` gives it the thread (see
+    /// [`Ownership`]), and renews what it holds.
+    pub fn with_ownership(
+        runtime: AgentRuntime,
+        settings: ServerSettings,
+        ownership: Option<Arc<dyn Ownership>>,
+    ) -> Self {
         let service = Self {
             inner: Arc::new(Inner {
                 runtime,
@@ -182,15 +197,40 @@ impl Service {
                 closing: CancellationToken::new(),
                 shutting_down: AtomicBool::new(false),
                 message_ids: Mutex::default(),
+                ownership,
             }),
         };
         service.start_sweeper();
+        service.start_heartbeat();
         service
     }
 
     /// The runtime.
     pub fn runtime(&self) -> &AgentRuntime {
         &self.inner.runtime
+    }
+
+    /// Whether the shared store answers (always, without one).
+    ///
+    /// # Errors
+    ///
+    /// 503 `store_unavailable`.
+    pub async fn health(&self) -> Result<(), ApiError> {
+        match &self.inner.ownership {
+            None => Ok(()),
+            Some(o) => o.check().await.map_err(|e| {
+                ApiError::new(
+                    503,
+                    "store_unavailable",
+                    format!("the database does not answer: {e}"),
+                )
+            }),
+        }
+    }
+
+    /// This process's ownership of threads, when the store is shared.
+    pub fn ownership(&self) -> Option<&Arc<dyn Ownership>> {
+        self.inner.ownership.as_ref()
     }
 
     /// The settings.
@@ -301,6 +341,27 @@ impl Service {
             (true, Strategy::Enqueue) => RunStatus::Queued,
             _ => RunStatus::Running,
         };
+        if !busy && let Some(ownership) = &self.inner.ownership {
+            match ownership.acquire(thread_id).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(ApiError::new(
+                        409,
+                        "thread_owned_elsewhere",
+                        format!(
+                            "thread \"{thread_id}\" is being run by another process; retry when its run has finished"
+                        ),
+                    ));
+                }
+                Err(e) => {
+                    return Err(ApiError::new(
+                        503,
+                        "store_unavailable",
+                        format!("the shared store could not be reached: {e}"),
+                    ));
+                }
+            }
+        }
         let run_id = s.run_id.unwrap_or_else(|| runtime.next_id("run"));
         let entry = self
             .inner
@@ -372,9 +433,69 @@ impl Service {
             if mine {
                 service.start_next(&lane).await;
             }
+            service.release_if_idle(&lane, &entry.thread_id).await;
             drop(_serial);
             drop(lane);
             service.tidy(&entry.thread_id);
+        });
+    }
+
+    /// Gives the thread up (with a shared store) once its lane has no run;
+    /// the caller holds the lane's submission lock.
+    async fn release_if_idle(&self, lane: &Lane, thread_id: &str) {
+        let Some(ownership) = &self.inner.ownership else {
+            return;
+        };
+        let idle = {
+            let state = lane.state();
+            state.active.is_none() && state.queue.is_empty()
+        };
+        if idle {
+            ownership.release(thread_id).await;
+        }
+    }
+
+    /// Renews the threads this process holds, every heartbeat until
+    /// shutdown: a thread lost to another process has its run cancelled
+    /// here (its writes would be refused anyway); a held thread with no
+    /// run is given up.
+    fn start_heartbeat(&self) {
+        let Some(ownership) = self.inner.ownership.clone() else {
+            return;
+        };
+        let service = Arc::downgrade(&self.inner);
+        let closing = self.inner.closing.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = closing.cancelled() => return,
+                    _ = tokio::time::sleep(ownership.heartbeat()) => {}
+                }
+                let Some(inner) = service.upgrade() else {
+                    return;
+                };
+                let service = Service { inner };
+                match ownership.renew().await {
+                    Ok(lost) => {
+                        for thread_id in lost {
+                            tracing::warn!(
+                                thread_id,
+                                "lost the thread's lease to another process; cancelling its run here"
+                            );
+                            service.inner.runtime.cancel_by_thread(&thread_id);
+                        }
+                    }
+                    Err(error) => tracing::warn!(%error, "could not renew the thread leases"),
+                }
+                for thread_id in ownership.held() {
+                    let lane = service.lane(&thread_id);
+                    let _serial = lane.submit.lock().await;
+                    service.release_if_idle(&lane, &thread_id).await;
+                    drop(_serial);
+                    drop(lane);
+                    service.tidy(&thread_id);
+                }
+            }
         });
     }
 

@@ -1,0 +1,168 @@
+//! `store: postgres`: histories in PostgreSQL shared by several service
+//! processes (here: several services in one test process, each with its
+//! own ownership), one run per thread across them, and a restarted service
+//! serving what an earlier one stored. Needs `REIN_DATABASE_URL`
+//! (`cargo xtask postgres start`; `.ci/run` sets it).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod common;
+
+use std::io::Write;
+use std::time::Duration;
+
+use common::Server;
+use serde_json::json;
+
+fn database() -> bool {
+    let set = std::env::var("REIN_DATABASE_URL").is_ok_and(|u| !u.is_empty());
+    if !set {
+        let _ = std::io::stderr()
+            .write_all(b"durable-store tests skipped: REIN_DATABASE_URL is not set\n");
+    }
+    set
+}
+
+const YAML: &str = r#"
+providers:
+  quick: { kind: scripted, responses: ["Stored answer."] }
+  slow: { kind: scripted, chunk_delay_ms: 40, responses: ["one two three four five six seven eight nine ten"] }
+models:
+  quick: { provider: quick, model: q }
+  slow: { provider: slow, model: s }
+agents:
+  - { id: fast, model_id: quick }
+  - { id: slow, model_id: slow }
+store: { postgres: { url_env: REIN_DATABASE_URL } }
+server: { lease_seconds: 3 }
+"#;
+
+fn thread(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_run_per_thread_across_processes_and_the_history_is_shared() {
+    if !database() {
+        return;
+    }
+    let a = Server::start(YAML).await;
+    let b = Server::start(YAML).await;
+    assert_eq!(a.get("/healthz").await, (200, json!({"status": "ok"})));
+    let t = thread("shared");
+    let (status, first) = a.say(&t, "on a", json!({"agent_id": "slow"})).await;
+    assert_eq!(status, 202, "{first}");
+    let (status, refused) = b.say(&t, "on b", json!({"agent_id": "fast"})).await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (409, Some("thread_owned_elsewhere")),
+        "{refused}"
+    );
+    a.finished(first["run_id"].as_str().unwrap()).await;
+    // a gave the thread up when its run ended: b may run it now.
+    let mut accepted = None;
+    for _ in 0..100 {
+        let (status, body) = b.say(&t, "on b", json!({"agent_id": "fast"})).await;
+        if status == 202 {
+            accepted = Some(body);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let accepted = accepted.expect("b never got the thread");
+    b.finished(accepted["run_id"].as_str().unwrap()).await;
+    let users = b.user_messages(&t).await;
+    assert_eq!(users, vec!["on a", "on b"], "b continued a's history");
+    assert_eq!(a.user_messages(&t).await, users);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_restarted_service_serves_what_an_earlier_one_stored() {
+    if !database() {
+        return;
+    }
+    let t = thread("restart");
+    let first = Server::start(YAML).await;
+    let (_, record) = first
+        .post(
+            &format!("/v1/threads/{t}/runs?wait=true"),
+            json!({"agent_id": "fast", "messages": [{"role": "user", "content": "remember me"}]}),
+        )
+        .await;
+    assert_eq!(record["termination"]["type"], "natural_end");
+    first.stop().await;
+    let second = Server::start(YAML).await;
+    let (_, history) = second.get(&format!("/v1/threads/{t}/messages")).await;
+    assert_eq!(
+        history,
+        json!([{"role": "user", "content": "remember me"}, {"role": "assistant", "content": "Stored answer."}])
+    );
+    second.stop().await;
+}
+
+#[test]
+fn a_missing_database_url_variable_is_named() {
+    let dir = std::env::temp_dir().join(format!("rein-durable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rein.yaml");
+    std::fs::write(
+        &path,
+        YAML.replace("REIN_DATABASE_URL", "REIN_TEST_NO_SUCH_VARIABLE"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["run", "--config"])
+        .arg(&path)
+        .args(["--agent", "fast", "hi"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("REIN_TEST_NO_SUCH_VARIABLE (its url_env) is not set"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn rein_run_continues_a_stored_thread() {
+    if !database() {
+        return;
+    }
+    use rein_postgres::ThreadStore;
+    let dir = std::env::temp_dir().join(format!("rein-durable-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rein.yaml");
+    std::fs::write(&path, YAML).unwrap();
+    let t = thread("cli");
+    for message in ["first", "second"] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_rein"))
+            .args(["run", "--config"])
+            .arg(&path)
+            .args(["--agent", "fast", "--thread", &t, message])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let url = std::env::var("REIN_DATABASE_URL").unwrap();
+    let store = rein_postgres::PgThreadStore::new(rein_postgres::connect(&url).await.unwrap());
+    let history = store.load(&t).await.unwrap();
+    let texts: Vec<&str> = history.iter().map(|m| m.content.as_str()).collect();
+    assert_eq!(
+        texts,
+        vec!["first", "Stored answer.", "second", "Stored answer."]
+    );
+}
