@@ -166,3 +166,43 @@ async fn rein_run_continues_a_stored_thread() {
         vec!["first", "Stored answer.", "second", "Stored answer."]
     );
 }
+
+#[tokio::test]
+async fn deleting_a_thread_needs_it_and_drops_its_stored_history() {
+    if !database() {
+        return;
+    }
+    let a = Server::start(YAML).await;
+    let b = Server::start(YAML).await;
+    let t = thread("delete");
+    let (_, run) = a.say(&t, "slow", json!({"agent_id": "slow"})).await;
+    let refused = b
+        .client
+        .delete(b.at(&format!("/v1/threads/{t}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 409);
+    a.finished(run["run_id"].as_str().unwrap()).await;
+    let mut deleted = false;
+    for _ in 0..100 {
+        let r = b
+            .client
+            .delete(b.at(&format!("/v1/threads/{t}")))
+            .send()
+            .await
+            .unwrap();
+        if r.status().as_u16() == 204 {
+            deleted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(deleted);
+    assert_eq!(
+        a.get(&format!("/v1/threads/{t}/messages")).await,
+        (200, json!([]))
+    );
+    a.stop().await;
+    b.stop().await;
+}

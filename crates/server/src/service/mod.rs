@@ -673,6 +673,21 @@ impl Service {
     pub async fn delete_thread(&self, thread_id: &str) -> Result<(), ApiError> {
         let lane = self.lane(thread_id);
         let serial = lane.submit.lock().await;
+        // With a shared store, deleting writes the thread: it must be ours.
+        if let Some(ownership) = &self.inner.ownership
+            && !ownership.acquire(thread_id).await.unwrap_or(false)
+        {
+            drop(serial);
+            drop(lane);
+            self.tidy(thread_id);
+            return Err(ApiError::new(
+                409,
+                "thread_owned_elsewhere",
+                format!(
+                    "thread \"{thread_id}\" is being run by another process; delete it there, or when its run has finished"
+                ),
+            ));
+        }
         let queued: Vec<Queued> = lane.state().queue.drain(..).collect();
         for q in queued {
             self.finish_unstarted(
@@ -686,6 +701,7 @@ impl Service {
             lane.state().keys.clear();
             self.message_ids().remove(thread_id);
         }
+        self.release_if_idle(&lane, thread_id).await;
         drop(serial);
         drop(lane);
         self.tidy(thread_id);
