@@ -295,17 +295,7 @@ impl McpServer {
         if let State::Up(c) = &*state
             && (c.client.is_closed() || c.closed.is_cancelled())
         {
-            let reason = "it exited".to_owned();
-            if let State::Up(mut dead) = std::mem::replace(
-                &mut *state,
-                State::Down {
-                    failures: 0,
-                    retry_at: Instant::now(),
-                    reason,
-                },
-            ) {
-                dead.kill();
-            }
+            state.mark_down("it exited".to_owned());
         }
         match &*state {
             State::Up(c) => return Ok((c.generation, c.client.peer().clone(), c.closed.clone())),
@@ -361,17 +351,8 @@ impl McpServer {
     /// current one) and kills its child.
     async fn lost(&self, generation: u64, reason: String) {
         let mut state = self.state.lock().await;
-        if matches!(&*state, State::Up(c) if c.generation == generation)
-            && let State::Up(mut dead) = std::mem::replace(
-                &mut *state,
-                State::Down {
-                    failures: 0,
-                    retry_at: Instant::now(),
-                    reason,
-                },
-            )
-        {
-            dead.kill();
+        if matches!(&*state, State::Up(c) if c.generation == generation) {
+            state.mark_down(reason);
         }
     }
 
@@ -433,6 +414,21 @@ impl McpServer {
                 "MCP server \"{}\" asked for more input or started a task for tool \"{tool}\", which Rein does not support",
                 self.id
             ))),
+        }
+    }
+}
+
+impl State {
+    /// A live connection becomes dead (its child killed); the next use
+    /// restarts it at once.
+    fn mark_down(&mut self, reason: String) {
+        let down = State::Down {
+            failures: 0,
+            retry_at: Instant::now(),
+            reason,
+        };
+        if let State::Up(mut dead) = std::mem::replace(self, down) {
+            dead.kill();
         }
     }
 }
