@@ -489,9 +489,12 @@ impl Service {
                 }
                 for thread_id in ownership.held() {
                     let lane = service.lane(&thread_id);
-                    let _serial = lane.submit.lock().await;
-                    service.release_if_idle(&lane, &thread_id).await;
-                    drop(_serial);
+                    // A lane in the middle of a submission is skipped: the
+                    // next renewal must not wait behind it.
+                    if let Ok(serial) = lane.submit.try_lock() {
+                        service.release_if_idle(&lane, &thread_id).await;
+                        drop(serial);
+                    }
                     drop(lane);
                     service.tidy(&thread_id);
                 }
