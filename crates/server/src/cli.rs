@@ -153,9 +153,10 @@ async fn serve_command(config: &Path, bind: &str) -> ExitCode {
             deployment.server.clone(),
             assembled.ownership.clone(),
         );
+        let stop = signal();
         println!("listening on http://{addr}");
         let _ = std::io::stdout().flush();
-        let served = serve(listener, service, signal()).await;
+        let served = serve(listener, service, stop).await;
         // Runs have ended; the MCP servers go last.
         assembled.shutdown_mcp().await;
         match served {
@@ -168,26 +169,35 @@ async fn serve_command(config: &Path, bind: &str) -> ExitCode {
     }
 }
 
-/// Completes on SIGINT or SIGTERM.
-async fn signal() {
+/// A future that completes on SIGINT or SIGTERM. The handlers are
+/// installed here, before the future is first polled, so a signal that
+/// arrives right after `serve` prints its line is not missed (it would
+/// otherwise end the process with the default action).
+fn signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+        let interrupt = signal(SignalKind::interrupt());
+        let terminate = signal(SignalKind::terminate());
+        async move {
+            match (interrupt, terminate) {
+                (Ok(mut interrupt), Ok(mut terminate)) => {
+                    tokio::select! {
+                        _ = interrupt.recv() => {}
+                        _ = terminate.recv() => {}
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
@@ -239,6 +249,7 @@ async fn run_command(
         }
         let thread_id = request.thread_id().to_owned();
         let printer = TerminalPrinter::new();
+        let mut ctrl_c = std::pin::pin!(signal());
         let mut stream = runtime.run_stream(request);
         let mut interrupted = false;
         loop {
@@ -247,7 +258,7 @@ async fn run_command(
                     Some(event) => printer.print(&event),
                     None => break,
                 },
-                _ = tokio::signal::ctrl_c(), if !interrupted => {
+                _ = &mut ctrl_c, if !interrupted => {
                     interrupted = true;
                     stream.cancel();
                 }
