@@ -27,12 +27,15 @@ const YAML: &str = r#"
 providers:
   quick: { kind: scripted, responses: ["Stored answer."] }
   slow: { kind: scripted, chunk_delay_ms: 40, responses: ["one two three four five six seven eight nine ten"] }
+  slower: { kind: scripted, chunk_delay_ms: 200, responses: ["a b c d e f g h i j k l m n o p q r s t"] }
 models:
+  slower: { provider: slower, model: s2 }
   quick: { provider: quick, model: q }
   slow: { provider: slow, model: s }
 agents:
   - { id: fast, model_id: quick }
   - { id: slow, model_id: slow }
+  - { id: slower, model_id: slower }
 store: { postgres: { url_env: REIN_DATABASE_URL } }
 server: { lease_seconds: 3 }
 "#;
@@ -202,6 +205,36 @@ async fn deleting_a_thread_needs_it_and_drops_its_stored_history() {
     assert_eq!(
         a.get(&format!("/v1/threads/{t}/messages")).await,
         (200, json!([]))
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_sent_to_another_process_reaches_the_run() {
+    if !database() {
+        return;
+    }
+    let a = Server::start(YAML).await;
+    let b = Server::start(YAML).await;
+    let t = thread("cancel");
+    let (_, run) = a.say(&t, "talk", json!({"agent_id": "slower"})).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let answer = b.post(&format!("/v1/threads/{t}/cancel"), json!({})).await;
+    assert_eq!(answer, (200, json!({"cancelled": true, "released": true})));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    let record = a.finished(run["run_id"].as_str().unwrap()).await;
+    assert_eq!(record["termination"]["type"], "cancelled", "{record}");
+    assert_eq!(record["cancel_cause"]["type"], "requested");
+    // Nobody runs the thread now: nothing to cancel.
+    assert_eq!(
+        b.post(&format!("/v1/threads/{t}/cancel"), json!({})).await,
+        (200, json!({"cancelled": false, "released": true}))
     );
     a.stop().await;
     b.stop().await;

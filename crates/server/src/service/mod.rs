@@ -202,6 +202,7 @@ impl Service {
         };
         service.start_sweeper();
         service.start_heartbeat();
+        service.start_cancel_listener();
         service
     }
 
@@ -502,6 +503,30 @@ impl Service {
         });
     }
 
+    /// Cancels the runs of held threads that another process asked to
+    /// cancel, until shutdown.
+    fn start_cancel_listener(&self) {
+        let Some(ownership) = self.inner.ownership.clone() else {
+            return;
+        };
+        let service = Arc::downgrade(&self.inner);
+        let closing = self.inner.closing.clone();
+        tokio::spawn(async move {
+            loop {
+                let threads = tokio::select! {
+                    _ = closing.cancelled() => return,
+                    threads = ownership.next_cancels() => threads,
+                };
+                let Some(inner) = service.upgrade() else {
+                    return;
+                };
+                for thread_id in threads {
+                    inner.runtime.cancel_by_thread(&thread_id);
+                }
+            }
+        });
+    }
+
     /// Starts the lane's next queued run; the caller holds the lane's
     /// submission lock and the lane has no active run.
     async fn start_next(&self, lane: &Arc<Lane>) {
@@ -661,10 +686,35 @@ impl Service {
     pub async fn cancel_thread(&self, thread_id: &str) -> (bool, bool) {
         let runtime = &self.inner.runtime;
         if !runtime.is_thread_active(thread_id) {
-            return (false, true);
+            return match &self.inner.ownership {
+                Some(ownership) => self.cancel_elsewhere(ownership.as_ref(), thread_id).await,
+                None => (false, true),
+            };
         }
         let released = runtime.cancel_and_wait_by_thread(thread_id).await;
         (true, released || !runtime.is_thread_active(thread_id))
+    }
+
+    /// Asks the process that owns the thread to cancel its run, and waits
+    /// (bounded by the cancel-wait bound) until it has given the thread up.
+    async fn cancel_elsewhere(&self, ownership: &dyn Ownership, thread_id: &str) -> (bool, bool) {
+        match ownership.request_cancel(thread_id).await {
+            Ok(true) => {}
+            Ok(false) => return (false, true),
+            Err(error) => {
+                tracing::warn!(%error, thread_id, "could not send the cancel request");
+                return (false, false);
+            }
+        }
+        let bound = Duration::from_millis(self.inner.settings.cancel_wait_ms);
+        let start = tokio::time::Instant::now();
+        while start.elapsed() < bound {
+            if !ownership.is_owned(thread_id).await.unwrap_or(true) {
+                return (true, true);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        (true, false)
     }
 
     /// Cancels the thread's queued and active runs and drops its history.

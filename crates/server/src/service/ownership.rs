@@ -40,6 +40,30 @@ pub trait Ownership: Send + Sync + std::fmt::Debug {
     /// The threads held now.
     fn held(&self) -> Vec<String>;
 
+    /// Asks the thread's owner, in whatever process, to cancel its run;
+    /// `Ok(false)` when nobody owns the thread.
+    ///
+    /// # Errors
+    ///
+    /// The shared store could not be reached.
+    async fn request_cancel(&self, thread_id: &str) -> Result<bool, String>;
+
+    /// Whether some process owns the thread now.
+    ///
+    /// # Errors
+    ///
+    /// The shared store could not be reached.
+    async fn is_owned(&self, thread_id: &str) -> Result<bool, String>;
+
+    /// Waits until threads this process holds have cancel requests (from
+    /// any process) and returns them, each request once.
+    ///
+    /// # Cancel safety
+    ///
+    /// A request seen by a dropped call is reported by the next one only
+    /// if it was not yet returned.
+    async fn next_cancels(&self) -> Vec<String>;
+
     /// Whether the shared store answers (for `/healthz`).
     ///
     /// # Errors
@@ -53,12 +77,21 @@ pub trait Ownership: Send + Sync + std::fmt::Debug {
 pub struct LeaseOwnership {
     leases: Arc<Leases>,
     heartbeat: std::time::Duration,
+    listener: tokio::sync::Mutex<Option<sqlx::postgres::PgListener>>,
 }
+
+/// How often cancel requests are polled when no notification comes (the
+/// safety net under LISTEN/NOTIFY).
+const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl LeaseOwnership {
     /// Ownership through `leases`, renewed every `heartbeat`.
     pub fn new(leases: Arc<Leases>, heartbeat: std::time::Duration) -> Self {
-        Self { leases, heartbeat }
+        Self {
+            leases,
+            heartbeat,
+            listener: tokio::sync::Mutex::new(None),
+        }
     }
 }
 
@@ -92,5 +125,44 @@ impl Ownership for LeaseOwnership {
 
     async fn check(&self) -> Result<(), String> {
         self.leases.ping().await.map_err(|e| e.to_string())
+    }
+
+    async fn request_cancel(&self, thread_id: &str) -> Result<bool, String> {
+        self.leases
+            .request_cancel(thread_id)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn is_owned(&self, thread_id: &str) -> Result<bool, String> {
+        self.leases
+            .is_owned(thread_id)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn next_cancels(&self) -> Vec<String> {
+        loop {
+            {
+                let mut listener = self.listener.lock().await;
+                if listener.is_none() {
+                    *listener = self.leases.listen().await.ok();
+                }
+                match listener.as_mut() {
+                    // A notification, or the poll interval, whichever first.
+                    Some(l) => {
+                        if let Ok(Err(_)) = tokio::time::timeout(CANCEL_POLL, l.recv()).await {
+                            *listener = None;
+                        }
+                    }
+                    None => tokio::time::sleep(CANCEL_POLL).await,
+                }
+            }
+            match self.leases.cancel_requests().await {
+                Ok(threads) if !threads.is_empty() => return threads,
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "could not read cancel requests"),
+            }
+        }
     }
 }
