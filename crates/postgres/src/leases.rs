@@ -21,6 +21,9 @@ pub struct Leases {
     held: DashMap<String, i64>,
     /// Per held thread, the last cancel request seen.
     cancels_seen: DashMap<String, i64>,
+    /// Threads taken from an owner whose lease had expired (a lost
+    /// process), until [`take_over`](Self::take_over) is asked.
+    taken_over: dashmap::DashSet<String>,
 }
 
 impl Leases {
@@ -33,6 +36,7 @@ impl Leases {
             lease,
             held: DashMap::new(),
             cancels_seen: DashMap::new(),
+            taken_over: dashmap::DashSet::new(),
         })
     }
 
@@ -49,8 +53,12 @@ impl Leases {
     ///
     /// The database failed.
     pub async fn acquire(&self, thread_id: &str) -> Result<Option<i64>, sqlx::Error> {
-        let row: Option<(i64, i64)> = sqlx::query_as(
-            "INSERT INTO rein_threads (thread_id, owner, fence, lease_until)
+        let row: Option<(i64, i64, bool)> = sqlx::query_as(
+            "WITH previous AS (
+                 SELECT owner IS NOT NULL AND owner <> $2 AND lease_until < now() AS lost
+                 FROM rein_threads WHERE thread_id = $1
+             )
+             INSERT INTO rein_threads (thread_id, owner, fence, lease_until)
              VALUES ($1, $2, 1, now() + make_interval(secs => $3))
              ON CONFLICT (thread_id) DO UPDATE SET
                  fence = CASE
@@ -63,7 +71,7 @@ impl Leases {
              WHERE rein_threads.owner IS NULL
                 OR rein_threads.owner = EXCLUDED.owner
                 OR rein_threads.lease_until < now()
-             RETURNING fence, cancel_seq",
+             RETURNING fence, cancel_seq, COALESCE((SELECT lost FROM previous), false)",
         )
         .bind(thread_id)
         .bind(&self.owner)
@@ -71,7 +79,10 @@ impl Leases {
         .fetch_optional(&self.pool)
         .await?;
         match row {
-            Some((fence, cancels)) => {
+            Some((fence, cancels, lost)) => {
+                if lost {
+                    self.taken_over.insert(thread_id.to_owned());
+                }
                 self.held.insert(thread_id.to_owned(), fence);
                 // Requests made before this run do not cancel it.
                 self.cancels_seen
@@ -83,7 +94,7 @@ impl Leases {
                 self.cancels_seen.remove(thread_id);
             }
         }
-        Ok(row.map(|(fence, _)| fence))
+        Ok(row.map(|(fence, _, _)| fence))
     }
 
     /// Renews every lease held; returns the threads whose lease was lost
@@ -119,6 +130,13 @@ impl Leases {
             self.held.remove(thread);
         }
         Ok(lost)
+    }
+
+    /// Whether the last [`acquire`](Self::acquire) of the thread took it
+    /// from an owner whose lease had expired (a lost process); asking
+    /// clears it.
+    pub fn take_over(&self, thread_id: &str) -> bool {
+        self.taken_over.remove(thread_id).is_some()
     }
 
     /// Gives the thread's lease up (if still ours); the next owner bumps

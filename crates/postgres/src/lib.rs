@@ -24,7 +24,7 @@ mod leases;
 mod store;
 
 pub use leases::Leases;
-pub use store::PgThreadStore;
+pub use store::{LOST_WORKER_NOTE, PgThreadStore};
 
 #[doc(no_inline)]
 pub use rein_runtime::thread_store::ThreadStore;

@@ -108,6 +108,27 @@ impl PgThreadStore {
     }
 }
 
+/// The result given to a tool call whose run was lost with its process.
+pub const LOST_WORKER_NOTE: &str = "error: the process running this call was lost (its lease on the thread expired); the call may or may not have run";
+
+impl PgThreadStore {
+    /// After taking a thread from a lost process: answers every tool call
+    /// of its history that has no result with [`LOST_WORKER_NOTE`] (the
+    /// call may or may not have run). Returns how many were answered.
+    ///
+    /// # Errors
+    ///
+    /// The store failed (or, fenced, the thread is not held).
+    pub async fn repair_lost(&self, thread_id: &str) -> Result<usize, ThreadStoreError> {
+        let mut history = self.load(thread_id).await?;
+        let added = rein_runtime::history::repair(&mut history, 0, LOST_WORKER_NOTE);
+        if added > 0 {
+            self.replace(thread_id, &history).await?;
+        }
+        Ok(added)
+    }
+}
+
 #[async_trait::async_trait]
 impl ThreadStore for PgThreadStore {
     async fn load(&self, thread_id: &str) -> Result<Vec<Message>, ThreadStoreError> {

@@ -111,6 +111,8 @@ async fn a_process_that_lost_its_lease_writes_nothing() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     let fence_b = b.acquire(&t).await.unwrap().expect("an expired lease");
     assert_eq!(fence_b, fence_a + 1);
+    assert!(b.take_over(&t), "taken from a process whose lease expired");
+    assert!(!b.take_over(&t), "said once");
     // a wakes up: its write is refused by the fence check.
     let stale = store_a
         .append(&t, &[Message::user("stale")])
@@ -136,6 +138,7 @@ async fn a_process_that_lost_its_lease_writes_nothing() {
     // A released lease is free for the next owner, at a new fence.
     b.release(&t).await.unwrap();
     assert_eq!(a.acquire(&t).await.unwrap(), Some(fence_b + 1));
+    assert!(!a.take_over(&t), "a released lease is not a lost process's");
     assert!(b.renew().await.unwrap().is_empty());
 }
 

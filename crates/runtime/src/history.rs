@@ -14,7 +14,7 @@ use rein_runtime_contract::message::{Message, Role};
 /// `note` is the text of the added results. Returns how many were added.
 ///
 /// Calls before `from` are assumed answered (the caller validated them).
-pub(crate) fn repair(messages: &mut Vec<Message>, from: usize, note: &str) -> usize {
+pub fn repair(messages: &mut Vec<Message>, from: usize, note: &str) -> usize {
     // Each assistant message with calls is answered by the tool messages
     // right after it (its block); ids are matched within the block, so an
     // id a provider reuses in a later round is not mistaken for answered.

@@ -29,7 +29,7 @@ pub mod auto;
 mod builder;
 pub mod detectors;
 mod extensions;
-mod history;
+pub mod history;
 mod mailbox;
 pub mod phase;
 pub mod plugin;

@@ -131,8 +131,9 @@ async fn durable_store(
     );
     let lease = Duration::from_secs(deployment.server.lease_seconds.max(1));
     let leases = Leases::new(pool.clone(), owner, lease);
-    let store: Arc<dyn ThreadStore> = Arc::new(PgThreadStore::fenced(pool, leases.clone()));
-    let ownership: Arc<dyn Ownership> = Arc::new(LeaseOwnership::new(leases, lease / 3));
+    let fenced = PgThreadStore::fenced(pool, leases.clone());
+    let store: Arc<dyn ThreadStore> = Arc::new(fenced.clone());
+    let ownership: Arc<dyn Ownership> = Arc::new(LeaseOwnership::new(leases, fenced, lease / 3));
     Ok(Some((store, ownership)))
 }
 

@@ -239,3 +239,45 @@ async fn a_cancel_sent_to_another_process_reaches_the_run() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test]
+async fn a_thread_taken_from_a_lost_process_has_its_open_tool_calls_answered_as_maybe_run() {
+    if !database() {
+        return;
+    }
+    use rein::contract::message::{Message, ToolCall};
+    use rein_postgres::{Leases, PgThreadStore, ThreadStore};
+    let url = std::env::var("REIN_DATABASE_URL").unwrap();
+    let pool = rein_postgres::connect(&url).await.unwrap();
+    let t = thread("lost");
+    // A process that started a tool call, then died (it never renews).
+    let lost = Leases::new(pool.clone(), "a-lost-process", Duration::from_millis(300));
+    assert!(lost.acquire(&t).await.unwrap().is_some());
+    let call = ToolCall::new("call-9", "write_file", json!({"path": "/tmp/x"}));
+    PgThreadStore::fenced(pool.clone(), lost.clone())
+        .append(
+            &t,
+            &[
+                Message::user("write it"),
+                Message::assistant_with_tools("", vec![call]),
+            ],
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let survivor = Server::start(YAML).await;
+    let (status, record) = survivor
+        .post(
+            &format!("/v1/threads/{t}/runs?wait=true"),
+            json!({"agent_id": "fast", "messages": [{"role": "user", "content": "go on"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["termination"]["type"], "natural_end");
+    let history = PgThreadStore::new(pool).load(&t).await.unwrap();
+    assert_eq!(history[2].tool_call_id.as_deref(), Some("call-9"));
+    assert_eq!(history[2].content, rein_postgres::LOST_WORKER_NOTE);
+    assert_eq!(history[3].content, "go on");
+    survivor.stop().await;
+}

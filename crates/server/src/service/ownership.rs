@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use rein_postgres::Leases;
+use rein_postgres::{Leases, PgThreadStore};
 
 /// Thread ownership across processes.
 #[async_trait::async_trait]
@@ -76,6 +76,7 @@ pub trait Ownership: Send + Sync + std::fmt::Debug {
 #[derive(Debug)]
 pub struct LeaseOwnership {
     leases: Arc<Leases>,
+    store: PgThreadStore,
     heartbeat: std::time::Duration,
     listener: tokio::sync::Mutex<Option<sqlx::postgres::PgListener>>,
 }
@@ -86,9 +87,10 @@ const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl LeaseOwnership {
     /// Ownership through `leases`, renewed every `heartbeat`.
-    pub fn new(leases: Arc<Leases>, heartbeat: std::time::Duration) -> Self {
+    pub fn new(leases: Arc<Leases>, store: PgThreadStore, heartbeat: std::time::Duration) -> Self {
         Self {
             leases,
+            store,
             heartbeat,
             listener: tokio::sync::Mutex::new(None),
         }
@@ -97,12 +99,28 @@ impl LeaseOwnership {
 
 #[async_trait::async_trait]
 impl Ownership for LeaseOwnership {
+    /// Taking a thread from a lost process first answers the tool calls
+    /// its run left open: they may or may not have run.
     async fn acquire(&self, thread_id: &str) -> Result<bool, String> {
-        self.leases
+        let held = self
+            .leases
             .acquire(thread_id)
             .await
             .map(|fence| fence.is_some())
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        if held && self.leases.take_over(thread_id) {
+            let repaired = self
+                .store
+                .repair_lost(thread_id)
+                .await
+                .map_err(|e| e.to_string())?;
+            tracing::warn!(
+                thread_id,
+                repaired,
+                "took the thread over from a lost process"
+            );
+        }
+        Ok(held)
     }
 
     async fn release(&self, thread_id: &str) {
