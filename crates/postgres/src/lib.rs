@@ -17,8 +17,14 @@
 //!   a process that lost its lease (it was paused, or cut off) writes
 //!   nothing — the database refuses it.
 //!
+//! - [`Leases::request_cancel`] asks a thread's owner, in whatever process,
+//!   to cancel its run (`NOTIFY rein_cancel`, polled as the safety net);
+//!   taking a thread from a lost process ([`Leases::take_over`]) is followed
+//!   by [`PgThreadStore::repair_lost`].
+//!
 //! This crate is the storage half of distributed mode; the service's
-//! coordination across processes builds on it.
+//! coordination across processes (`rein-server`'s `Ownership`) builds on it.
+//! Run records, events and queues in the database are still to come.
 
 mod leases;
 mod store;
