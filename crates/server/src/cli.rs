@@ -121,50 +121,48 @@ fn check(config: &Path) -> ExitCode {
 }
 
 async fn serve_command(config: &Path, bind: &str) -> ExitCode {
-    {
-        let Some(deployment) = load(config, &mut std::io::stderr()) else {
+    let Some(deployment) = load(config, &mut std::io::stderr()) else {
+        return ExitCode::FAILURE;
+    };
+    let assembled = match assemble::start(&deployment).await {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("rein: {e}");
             return ExitCode::FAILURE;
-        };
-        let assembled = match assemble::start(&deployment).await {
-            Ok(a) => a,
-            Err(e) => {
-                eprintln!("rein: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        let listener = match tokio::net::TcpListener::bind(bind).await {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("rein: cannot listen on {bind}: {e}");
-                assembled.shutdown_mcp().await;
-                return ExitCode::FAILURE;
-            }
-        };
-        let addr = match listener.local_addr() {
-            Ok(a) => a,
-            Err(e) => {
-                eprintln!("rein: {e}");
-                assembled.shutdown_mcp().await;
-                return ExitCode::FAILURE;
-            }
-        };
-        let service = Service::with_ownership(
-            assembled.runtime.clone(),
-            deployment.server.clone(),
-            assembled.ownership.clone(),
-        );
-        let stop = signal();
-        println!("listening on http://{addr}");
-        let _ = std::io::stdout().flush();
-        let served = serve(listener, service, stop).await;
-        // Runs have ended; the MCP servers go last.
-        assembled.shutdown_mcp().await;
-        match served {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("rein: the server failed: {e}");
-                ExitCode::FAILURE
-            }
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(bind).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("rein: cannot listen on {bind}: {e}");
+            assembled.shutdown_mcp().await;
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = match listener.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("rein: {e}");
+            assembled.shutdown_mcp().await;
+            return ExitCode::FAILURE;
+        }
+    };
+    let service = Service::with_ownership(
+        assembled.runtime.clone(),
+        deployment.server.clone(),
+        assembled.ownership.clone(),
+    );
+    let stop = signal();
+    println!("listening on http://{addr}");
+    let _ = std::io::stdout().flush();
+    let served = serve(listener, service, stop).await;
+    // Runs have ended; the MCP servers go last.
+    assembled.shutdown_mcp().await;
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rein: the server failed: {e}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -207,81 +205,79 @@ async fn run_command(
     thread: Option<String>,
     message: String,
 ) -> ExitCode {
-    {
-        let Some(deployment) = load(config, &mut std::io::stderr()) else {
+    let Some(deployment) = load(config, &mut std::io::stderr()) else {
+        return ExitCode::FAILURE;
+    };
+    if thread.is_some() && deployment.store == StoreConfig::Memory {
+        eprintln!(
+            "rein: note: with `store: memory` every `rein run` starts with an empty thread; --thread continues a thread only with a durable store"
+        );
+    }
+    let assembled = match assemble::start(&deployment).await {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("rein: {e}");
             return ExitCode::FAILURE;
-        };
-        if thread.is_some() && deployment.store == StoreConfig::Memory {
-            eprintln!(
-                "rein: note: with `store: memory` every `rein run` starts with an empty thread; --thread continues a thread only with a durable store"
-            );
         }
-        let assembled = match assemble::start(&deployment).await {
-            Ok(a) => a,
-            Err(e) => {
-                eprintln!("rein: {e}");
+    };
+    let runtime = &assembled.runtime;
+    let thread = thread.unwrap_or_else(|| format!("cli-{}", std::process::id()));
+    let mut request = RunRequest::new(thread, vec![Message::user(message)]);
+    if let Some(agent) = agent {
+        request = request.with_agent_id(agent);
+    }
+    if let Some(ownership) = &assembled.ownership {
+        match ownership.acquire(request.thread_id()).await {
+            Ok(true) => {}
+            Ok(false) => {
+                eprintln!(
+                    "rein: thread \"{}\" is being run by another process; try again when its run has finished",
+                    request.thread_id()
+                );
+                assembled.shutdown_mcp().await;
                 return ExitCode::FAILURE;
             }
-        };
-        let runtime = &assembled.runtime;
-        let thread = thread.unwrap_or_else(|| format!("cli-{}", std::process::id()));
-        let mut request = RunRequest::new(thread, vec![Message::user(message)]);
-        if let Some(agent) = agent {
-            request = request.with_agent_id(agent);
-        }
-        if let Some(ownership) = &assembled.ownership {
-            match ownership.acquire(request.thread_id()).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    eprintln!(
-                        "rein: thread \"{}\" is being run by another process; try again when its run has finished",
-                        request.thread_id()
-                    );
-                    assembled.shutdown_mcp().await;
-                    return ExitCode::FAILURE;
-                }
-                Err(e) => {
-                    eprintln!("rein: the database could not be reached: {e}");
-                    assembled.shutdown_mcp().await;
-                    return ExitCode::FAILURE;
-                }
-            }
-        }
-        let thread_id = request.thread_id().to_owned();
-        let printer = TerminalPrinter::new();
-        let mut ctrl_c = std::pin::pin!(signal());
-        let mut stream = runtime.run_stream(request);
-        let mut interrupted = false;
-        loop {
-            tokio::select! {
-                next = stream.next() => match next {
-                    Some(event) => printer.print(&event),
-                    None => break,
-                },
-                _ = &mut ctrl_c, if !interrupted => {
-                    interrupted = true;
-                    stream.cancel();
-                }
-            }
-        }
-        let result = stream.wait().await;
-        runtime.shutdown().await;
-        if let Some(ownership) = &assembled.ownership {
-            ownership.release(&thread_id).await;
-        }
-        assembled.shutdown_mcp().await;
-        match result {
             Err(e) => {
-                eprintln!("rein: {e}");
-                ExitCode::FAILURE
+                eprintln!("rein: the database could not be reached: {e}");
+                assembled.shutdown_mcp().await;
+                return ExitCode::FAILURE;
             }
-            Ok(_) if interrupted => ExitCode::from(130),
-            Ok(r) => match r.termination {
-                TerminationReason::NaturalEnd | TerminationReason::Stopped(_) => ExitCode::SUCCESS,
-                TerminationReason::Cancelled => ExitCode::from(130),
-                TerminationReason::Error(_) => ExitCode::FAILURE,
-            },
         }
+    }
+    let thread_id = request.thread_id().to_owned();
+    let printer = TerminalPrinter::new();
+    let mut ctrl_c = std::pin::pin!(signal());
+    let mut stream = runtime.run_stream(request);
+    let mut interrupted = false;
+    loop {
+        tokio::select! {
+            next = stream.next() => match next {
+                Some(event) => printer.print(&event),
+                None => break,
+            },
+            _ = &mut ctrl_c, if !interrupted => {
+                interrupted = true;
+                stream.cancel();
+            }
+        }
+    }
+    let result = stream.wait().await;
+    runtime.shutdown().await;
+    if let Some(ownership) = &assembled.ownership {
+        ownership.release(&thread_id).await;
+    }
+    assembled.shutdown_mcp().await;
+    match result {
+        Err(e) => {
+            eprintln!("rein: {e}");
+            ExitCode::FAILURE
+        }
+        Ok(_) if interrupted => ExitCode::from(130),
+        Ok(r) => match r.termination {
+            TerminationReason::NaturalEnd | TerminationReason::Stopped(_) => ExitCode::SUCCESS,
+            TerminationReason::Cancelled => ExitCode::from(130),
+            TerminationReason::Error(_) => ExitCode::FAILURE,
+        },
     }
 }
 
