@@ -3,7 +3,6 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
@@ -280,6 +279,3 @@ async fn run_command(
         },
     }
 }
-
-/// How long shutdown waits for open connections after the runs ended.
-pub(crate) const CONNECTION_GRACE: Duration = Duration::from_secs(2);

@@ -29,6 +29,9 @@ use std::time::Duration;
 
 use service::Service;
 
+/// How long shutdown waits for open connections after the runs ended.
+const CONNECTION_GRACE: Duration = Duration::from_secs(2);
+
 /// Serves the API on `listener` until `shutdown` completes; then shuts
 /// the service down (queued runs end, active runs are cancelled with cause
 /// `shutdown` and awaited within the cancel-wait bound, live tails end) and
@@ -51,7 +54,7 @@ pub async fn serve(
             fired.notify_one();
         }
     };
-    let grace = Duration::from_millis(service.settings().cancel_wait_ms) + cli::CONNECTION_GRACE;
+    let grace = Duration::from_millis(service.settings().cancel_wait_ms) + CONNECTION_GRACE;
     let server = axum::serve(listener, http::router(service)).with_graceful_shutdown(signal);
     tokio::select! {
         result = server => result,

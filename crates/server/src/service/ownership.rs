@@ -8,10 +8,17 @@
 //! heartbeat renews it. A process that loses a lease (it was paused past
 //! the lease) cancels its run there — and its store writes are refused by
 //! the fence anyway.
+//!
+//! The trait, its PostgreSQL implementation, and what the service does
+//! with it (giving idle threads up, the heartbeat, cross-process cancels)
+//! live here; the in-memory path never reaches this code.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use rein_postgres::{Leases, PgThreadStore};
+
+use super::{Lane, Service};
 
 /// Thread ownership across processes.
 #[async_trait::async_trait]
@@ -182,5 +189,122 @@ impl Ownership for LeaseOwnership {
                 Err(error) => tracing::warn!(%error, "could not read cancel requests"),
             }
         }
+    }
+}
+
+/// What the service does with its [`Ownership`]: give idle threads up,
+/// renew what it holds, act on cancel requests from other processes, and
+/// send its own.
+impl Service {
+    /// Gives the thread up (with a shared store) once its lane has no run;
+    /// the caller holds the lane's submission lock.
+    pub(super) async fn release_if_idle(&self, lane: &Lane, thread_id: &str) {
+        let Some(ownership) = &self.inner.ownership else {
+            return;
+        };
+        let idle = {
+            let state = lane.state();
+            state.active.is_none() && state.queue.is_empty()
+        };
+        if idle {
+            ownership.release(thread_id).await;
+        }
+    }
+
+    /// Renews the threads this process holds, every heartbeat until
+    /// shutdown: a thread lost to another process has its run cancelled
+    /// here (its writes would be refused anyway); a held thread with no
+    /// run is given up.
+    pub(super) fn start_heartbeat(&self) {
+        let Some(ownership) = self.inner.ownership.clone() else {
+            return;
+        };
+        let service = Arc::downgrade(&self.inner);
+        let closing = self.inner.closing.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = closing.cancelled() => return,
+                    _ = tokio::time::sleep(ownership.heartbeat()) => {}
+                }
+                let Some(inner) = service.upgrade() else {
+                    return;
+                };
+                let service = Service { inner };
+                match ownership.renew().await {
+                    Ok(lost) => {
+                        for thread_id in lost {
+                            tracing::warn!(
+                                thread_id,
+                                "lost the thread's lease to another process; cancelling its run here"
+                            );
+                            service.inner.runtime.cancel_by_thread(&thread_id);
+                        }
+                    }
+                    Err(error) => tracing::warn!(%error, "could not renew the thread leases"),
+                }
+                for thread_id in ownership.held() {
+                    let lane = service.lane(&thread_id);
+                    // A lane in the middle of a submission is skipped: the
+                    // next renewal must not wait behind it.
+                    if let Ok(serial) = lane.submit.try_lock() {
+                        service.release_if_idle(&lane, &thread_id).await;
+                        drop(serial);
+                    }
+                    drop(lane);
+                    service.tidy(&thread_id);
+                }
+            }
+        });
+    }
+
+    /// Cancels the runs of held threads that another process asked to
+    /// cancel, until shutdown.
+    pub(super) fn start_cancel_listener(&self) {
+        let Some(ownership) = self.inner.ownership.clone() else {
+            return;
+        };
+        let service = Arc::downgrade(&self.inner);
+        let closing = self.inner.closing.clone();
+        tokio::spawn(async move {
+            loop {
+                let threads = tokio::select! {
+                    _ = closing.cancelled() => return,
+                    threads = ownership.next_cancels() => threads,
+                };
+                let Some(inner) = service.upgrade() else {
+                    return;
+                };
+                for thread_id in threads {
+                    inner.runtime.cancel_by_thread(&thread_id);
+                }
+            }
+        });
+    }
+
+    /// Asks the process that owns the thread to cancel its run, and waits
+    /// (bounded by the cancel-wait bound) until it has given the thread up.
+    pub(super) async fn cancel_elsewhere(
+        &self,
+        ownership: &dyn Ownership,
+        thread_id: &str,
+    ) -> (bool, bool) {
+        match ownership.request_cancel(thread_id).await {
+            Ok(true) => {}
+            Ok(false) => return (false, true),
+            Err(error) => {
+                tracing::warn!(%error, thread_id, "could not send the cancel request");
+                return (false, false);
+            }
+        }
+        let bound = Duration::from_millis(self.inner.settings.cancel_wait_ms);
+        let start = tokio::time::Instant::now();
+        while start.elapsed() < bound {
+            if !ownership.is_owned(thread_id).await.unwrap_or(true) {
+                return (true, true);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        (true, false)
     }
 }
