@@ -27,10 +27,14 @@
 //! Run records, events and queues in the database are still to come.
 
 mod leases;
+mod runs;
 mod store;
 
 pub use leases::Leases;
-pub use store::{LOST_WORKER_NOTE, PgThreadStore};
+pub use runs::{
+    Claimed, NewRun, PgRuns, StoredEvent, StoredRun, SubmitOutcome, is_transient, retry,
+};
+pub use store::{LOST_WORKER_NOTE, PgThreadStore, WRITE_RETRY};
 
 #[doc(no_inline)]
 pub use rein_runtime::thread_store::ThreadStore;

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use rein_runtime::thread_store::{ThreadStore, ThreadStoreError};
 use rein_runtime_contract::message::Message;
 use sqlx::postgres::PgPool;
-use sqlx::{Postgres, Transaction};
 
 use crate::Leases;
 
@@ -34,77 +33,110 @@ impl PgThreadStore {
         }
     }
 
-    /// Starts a write: makes sure the thread's row exists, locks it, and
-    /// checks the fence.
-    async fn begin(
+    /// One write of a thread's history, in one transaction: makes sure the
+    /// thread's row exists, locks it, checks the fence, then (with
+    /// `replace`) drops the history and appends `messages`.
+    async fn write(
         &self,
         thread_id: &str,
-    ) -> Result<Transaction<'static, Postgres>, ThreadStoreError> {
-        let fail = |e: sqlx::Error| ThreadStoreError::new(thread_id, e.to_string());
-        let mut tx = self.pool.begin().await.map_err(fail)?;
+        replace: bool,
+        messages: &[Message],
+    ) -> Result<(), WriteError> {
+        let mut tx = self.pool.begin().await?;
         sqlx::query("INSERT INTO rein_threads (thread_id) VALUES ($1) ON CONFLICT DO NOTHING")
             .bind(thread_id)
             .execute(&mut *tx)
-            .await
-            .map_err(fail)?;
+            .await?;
         let current: i64 =
             sqlx::query_scalar("SELECT fence FROM rein_threads WHERE thread_id = $1 FOR UPDATE")
                 .bind(thread_id)
                 .fetch_one(&mut *tx)
-                .await
-                .map_err(fail)?;
+                .await?;
         if let Some(leases) = &self.leases {
             match leases.fence(thread_id) {
                 Some(held) if held == current => {}
                 Some(held) => {
-                    return Err(ThreadStoreError::new(
-                        thread_id,
-                        format!(
-                            "fenced: this process ({}) held the thread at fence {held}, but it is now at fence {current} (another process took it over); nothing was written",
-                            leases.owner()
-                        ),
-                    ));
+                    return Err(WriteError::Refused(format!(
+                        "fenced: this process ({}) held the thread at fence {held}, but it is now at fence {current} (another process took it over); nothing was written",
+                        leases.owner()
+                    )));
                 }
                 None => {
-                    return Err(ThreadStoreError::new(
-                        thread_id,
-                        format!(
-                            "this process ({}) does not hold the thread's lease; nothing was written",
-                            leases.owner()
-                        ),
-                    ));
+                    return Err(WriteError::Refused(format!(
+                        "this process ({}) does not hold the thread's lease; nothing was written",
+                        leases.owner()
+                    )));
                 }
             }
         }
-        Ok(tx)
+        if replace {
+            sqlx::query("DELETE FROM rein_messages WHERE thread_id = $1")
+                .bind(thread_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !messages.is_empty() {
+            let json: Vec<serde_json::Value> = messages
+                .iter()
+                .map(serde_json::to_value)
+                .collect::<Result<_, _>>()
+                .map_err(|e| WriteError::Refused(format!("a message does not serialize: {e}")))?;
+            sqlx::query(
+                "INSERT INTO rein_messages (thread_id, seq, message)
+                 SELECT $1, base.n + m.ord, m.message
+                 FROM (SELECT COALESCE(MAX(seq), 0) AS n FROM rein_messages WHERE thread_id = $1) AS base,
+                      unnest($2::jsonb[]) WITH ORDINALITY AS m(message, ord)",
+            )
+            .bind(thread_id)
+            .bind(&json)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
-    async fn insert(
-        tx: &mut Transaction<'static, Postgres>,
+    /// [`write`](Self::write), retried while the database is unreachable
+    /// (a restart) for up to [`WRITE_RETRY`].
+    async fn write_retrying(
+        &self,
         thread_id: &str,
+        replace: bool,
         messages: &[Message],
     ) -> Result<(), ThreadStoreError> {
-        if messages.is_empty() {
-            return Ok(());
+        let start = tokio::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(50);
+        loop {
+            match self.write(thread_id, replace, messages).await {
+                Ok(()) => return Ok(()),
+                Err(WriteError::Db(e))
+                    if crate::is_transient(&e) && start.elapsed() < WRITE_RETRY =>
+                {
+                    tracing::warn!(error = %e, thread_id, "the database is unreachable; retrying the history write");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_secs(1));
+                }
+                Err(WriteError::Db(e)) => {
+                    return Err(ThreadStoreError::new(thread_id, e.to_string()));
+                }
+                Err(WriteError::Refused(why)) => return Err(ThreadStoreError::new(thread_id, why)),
+            }
         }
-        let fail = |e: String| ThreadStoreError::new(thread_id, e);
-        let json: Vec<serde_json::Value> = messages
-            .iter()
-            .map(serde_json::to_value)
-            .collect::<Result<_, _>>()
-            .map_err(|e| fail(e.to_string()))?;
-        sqlx::query(
-            "INSERT INTO rein_messages (thread_id, seq, message)
-             SELECT $1, base.n + m.ord, m.message
-             FROM (SELECT COALESCE(MAX(seq), 0) AS n FROM rein_messages WHERE thread_id = $1) AS base,
-                  unnest($2::jsonb[]) WITH ORDINALITY AS m(message, ord)",
-        )
-        .bind(thread_id)
-        .bind(&json)
-        .execute(&mut **tx)
-        .await
-        .map_err(|e| fail(e.to_string()))?;
-        Ok(())
+    }
+}
+
+/// How long a write waits for an unreachable database (e.g. restarting)
+/// before it fails.
+pub const WRITE_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+
+enum WriteError {
+    Db(sqlx::Error),
+    Refused(String),
+}
+
+impl From<sqlx::Error> for WriteError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Db(e)
     }
 }
 
@@ -149,24 +181,11 @@ impl ThreadStore for PgThreadStore {
     }
 
     async fn append(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError> {
-        let mut tx = self.begin(thread_id).await?;
-        Self::insert(&mut tx, thread_id, messages).await?;
-        tx.commit()
-            .await
-            .map_err(|e| ThreadStoreError::new(thread_id, e.to_string()))
+        self.write_retrying(thread_id, false, messages).await
     }
 
     async fn replace(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError> {
-        let mut tx = self.begin(thread_id).await?;
-        sqlx::query("DELETE FROM rein_messages WHERE thread_id = $1")
-            .bind(thread_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| ThreadStoreError::new(thread_id, e.to_string()))?;
-        Self::insert(&mut tx, thread_id, messages).await?;
-        tx.commit()
-            .await
-            .map_err(|e| ThreadStoreError::new(thread_id, e.to_string()))
+        self.write_retrying(thread_id, true, messages).await
     }
 
     /// Drops the history; the thread's row (and its fence) stays, so a

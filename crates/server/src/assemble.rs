@@ -19,7 +19,7 @@ use crate::deployment::{
 };
 use crate::service::{LeaseOwnership, Ownership};
 use rein::thread_store::ThreadStore;
-use rein_postgres::{Leases, PgThreadStore};
+use rein_postgres::{Leases, PgRuns, PgThreadStore};
 
 /// Why a checked deployment could not be started.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -64,6 +64,30 @@ pub struct Assembled {
     pub mcp_servers: BTreeMap<String, Arc<McpServer>>,
     /// With `store: postgres`: which threads this process may run.
     pub ownership: Option<Arc<dyn Ownership>>,
+    /// With `store: postgres`: the runs (submissions, records, events)
+    /// every process shares.
+    pub runs: Option<PgRuns>,
+}
+
+impl Assembled {
+    /// The service over this deployment: distributed with `store:
+    /// postgres`, in-process otherwise. Must be called within a tokio
+    /// runtime.
+    pub fn service(&self, settings: crate::deployment::ServerSettings) -> crate::service::Service {
+        match (&self.ownership, &self.runs) {
+            (Some(ownership), Some(runs)) => crate::service::Service::distributed(
+                self.runtime.clone(),
+                settings,
+                ownership.clone(),
+                runs.clone(),
+            ),
+            _ => crate::service::Service::with_ownership(
+                self.runtime.clone(),
+                settings,
+                self.ownership.clone(),
+            ),
+        }
+    }
 }
 
 impl Assembled {
@@ -88,13 +112,15 @@ impl Assembled {
 pub async fn start(deployment: &Deployment) -> Result<Assembled, AssembleError> {
     let store = durable_store(deployment).await?;
     let mcp_servers = start_mcp(deployment).await?;
-    let ownership = store.as_ref().map(|(_, ownership)| ownership.clone());
-    let outcome = build(deployment, &mcp_servers, store.map(|(store, _)| store));
+    let ownership = store.as_ref().map(|s| s.ownership.clone());
+    let runs = store.as_ref().map(|s| s.runs.clone());
+    let outcome = build(deployment, &mcp_servers, store.map(|s| s.store));
     match outcome {
         Ok(runtime) => Ok(Assembled {
             runtime,
             mcp_servers,
             ownership,
+            runs,
         }),
         Err(e) => {
             for server in mcp_servers.values() {
@@ -105,10 +131,16 @@ pub async fn start(deployment: &Deployment) -> Result<Assembled, AssembleError> 
     }
 }
 
-/// With `store: postgres`: the fenced store and this process's ownership.
-async fn durable_store(
-    deployment: &Deployment,
-) -> Result<Option<(Arc<dyn ThreadStore>, Arc<dyn Ownership>)>, AssembleError> {
+/// What `store: postgres` brings.
+struct Durable {
+    store: Arc<dyn ThreadStore>,
+    ownership: Arc<dyn Ownership>,
+    runs: PgRuns,
+}
+
+/// With `store: postgres`: the fenced store, this process's ownership and
+/// the shared runs.
+async fn durable_store(deployment: &Deployment) -> Result<Option<Durable>, AssembleError> {
     let StoreConfig::Postgres { url_env } = &deployment.store else {
         return Ok(None);
     };
@@ -131,10 +163,15 @@ async fn durable_store(
     );
     let lease = Duration::from_secs(deployment.server.lease_seconds.max(1));
     let leases = Leases::new(pool.clone(), owner, lease);
+    let runs = PgRuns::new(pool.clone(), leases.clone());
     let fenced = PgThreadStore::fenced(pool, leases.clone());
     let store: Arc<dyn ThreadStore> = Arc::new(fenced.clone());
     let ownership: Arc<dyn Ownership> = Arc::new(LeaseOwnership::new(leases, fenced, lease / 3));
-    Ok(Some((store, ownership)))
+    Ok(Some(Durable {
+        store,
+        ownership,
+        runs,
+    }))
 }
 
 fn build(

@@ -10,7 +10,6 @@ use rein::contract::message::Message;
 use rein::{RunRequest, TerminalPrinter, TerminationReason};
 
 use crate::deployment::{Deployment, StoreConfig};
-use crate::service::Service;
 use crate::{assemble, serve};
 
 /// Rein: serve agents over HTTP/SSE and AG-UI, run one from the command
@@ -146,11 +145,7 @@ async fn serve_command(config: &Path, bind: &str) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let service = Service::with_ownership(
-        assembled.runtime.clone(),
-        deployment.server.clone(),
-        assembled.ownership.clone(),
-    );
+    let service = assembled.service(deployment.server.clone());
     let stop = signal();
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();

@@ -233,7 +233,7 @@ async fn run_record(
     State(service): State<Service>,
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(service.run(&run_id)?.record()).into_response())
+    Ok(Json(service.run(&run_id).await?.record()).into_response())
 }
 
 async fn cancel_thread(
@@ -248,7 +248,7 @@ async fn cancel_run(
     State(service): State<Service>,
     Path(run_id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let cancelled = service.cancel_run(&run_id)?;
+    let cancelled = service.cancel_run(&run_id).await?;
     Ok(Json(serde_json::json!({"cancelled": cancelled})))
 }
 

@@ -30,7 +30,7 @@ pub(super) async fn run_events(
     Path(run_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let entry = service.run(&run_id)?;
+    let entry = service.run(&run_id).await?;
     let after = match headers.get("last-event-id") {
         None => 0,
         Some(v) => v

@@ -20,6 +20,7 @@
 //! `run_finished` event in its record — also a queued run that is
 //! cancelled, or refused when its turn comes (e.g. at shutdown).
 
+mod cluster;
 mod error;
 mod ownership;
 mod records;
@@ -36,11 +37,13 @@ use rein::{
 };
 use serde::Deserialize;
 
+pub use cluster::LOST_RUN;
 pub use error::ApiError;
 pub use ownership::{LeaseOwnership, Ownership};
 pub use records::{LoggedEvent, RunEntry, RunRecord, RunStatus, ThreadEvent, ThreadTail};
 
 use crate::deployment::ServerSettings;
+use cluster::Cluster;
 use records::Records;
 
 /// What to do with a submission to a thread that has a run.
@@ -146,6 +149,8 @@ struct Inner {
     message_ids: Mutex<HashMap<String, HashSet<String>>>,
     /// Which threads this process may run, when the store is shared.
     ownership: Option<Arc<dyn Ownership>>,
+    /// The runs in the shared database (distributed mode).
+    cluster: Option<Arc<Cluster>>,
 }
 
 #[derive(Debug, Default)]
@@ -188,6 +193,32 @@ impl Service {
         settings: ServerSettings,
         ownership: Option<Arc<dyn Ownership>>,
     ) -> Self {
+        Self::build(runtime, settings, ownership, None)
+    }
+
+    /// A service in distributed mode: its submissions, run records and
+    /// events live in the shared database (`runs`), and it runs a thread's
+    /// work only while `ownership` gives it the thread.
+    pub fn distributed(
+        runtime: AgentRuntime,
+        settings: ServerSettings,
+        ownership: Arc<dyn Ownership>,
+        runs: rein_postgres::PgRuns,
+    ) -> Self {
+        Self::build(
+            runtime,
+            settings,
+            Some(ownership),
+            Some(Arc::new(Cluster::new(runs))),
+        )
+    }
+
+    fn build(
+        runtime: AgentRuntime,
+        settings: ServerSettings,
+        ownership: Option<Arc<dyn Ownership>>,
+        cluster: Option<Arc<Cluster>>,
+    ) -> Self {
         let service = Self {
             inner: Arc::new(Inner {
                 runtime,
@@ -198,11 +229,16 @@ impl Service {
                 shutting_down: AtomicBool::new(false),
                 message_ids: Mutex::default(),
                 ownership,
+                cluster,
             }),
         };
         service.start_sweeper();
         service.start_heartbeat();
-        service.start_cancel_listener();
+        if service.inner.cluster.is_some() {
+            service.start_cluster();
+        } else {
+            service.start_cancel_listener();
+        }
         service
     }
 
@@ -289,6 +325,9 @@ impl Service {
     ) -> Result<Submitted, ApiError> {
         if self.inner.shutting_down.load(Ordering::SeqCst) {
             return Err(ApiError::shutting_down());
+        }
+        if let Some(cluster) = &self.inner.cluster {
+            return self.submit_shared(cluster, thread_id, submission).await;
         }
         let lane = self.lane(thread_id);
         let outcome = self.submit_in(&lane, thread_id, submission).await;
@@ -536,12 +575,16 @@ impl Service {
             .extend(ids);
     }
 
-    /// A run's entry, while it is kept.
+    /// A run's entry, while it is kept (in distributed mode, from the
+    /// database when another process runs it).
     ///
     /// # Errors
     ///
-    /// 404 `unknown_run`.
-    pub fn run(&self, run_id: &str) -> Result<Arc<RunEntry>, ApiError> {
+    /// 404 `unknown_run`; 503 when the database does not answer.
+    pub async fn run(&self, run_id: &str) -> Result<Arc<RunEntry>, ApiError> {
+        if let Some(cluster) = &self.inner.cluster {
+            return self.run_shared(cluster, run_id).await;
+        }
         self.inner
             .records
             .get(run_id)
@@ -565,8 +608,11 @@ impl Service {
     /// # Errors
     ///
     /// 404 `unknown_run`.
-    pub fn cancel_run(&self, run_id: &str) -> Result<bool, ApiError> {
-        let entry = self.run(run_id)?;
+    pub async fn cancel_run(&self, run_id: &str) -> Result<bool, ApiError> {
+        if let Some(cluster) = &self.inner.cluster {
+            return self.cancel_shared(cluster, run_id).await;
+        }
+        let entry = self.run(run_id).await?;
         if entry.status() == RunStatus::Finished {
             return Ok(false);
         }
@@ -600,6 +646,9 @@ impl Service {
     pub async fn cancel_thread(&self, thread_id: &str) -> (bool, bool) {
         let runtime = &self.inner.runtime;
         if !runtime.is_thread_active(thread_id) {
+            if let Some(cluster) = &self.inner.cluster {
+                return self.cancel_thread_shared(cluster, thread_id).await;
+            }
             return match &self.inner.ownership {
                 Some(ownership) => self.cancel_elsewhere(ownership.as_ref(), thread_id).await,
                 None => (false, true),
@@ -616,6 +665,9 @@ impl Service {
     /// 409 `previous_run_stuck` when the active run does not release the
     /// thread within the cancel-wait bound; 500 when the store fails.
     pub async fn delete_thread(&self, thread_id: &str) -> Result<(), ApiError> {
+        if let Some(cluster) = &self.inner.cluster {
+            return self.delete_thread_shared(cluster, thread_id).await;
+        }
         let lane = self.lane(thread_id);
         let serial = lane.submit.lock().await;
         // With a shared store, deleting writes the thread: it must be ours.
@@ -682,6 +734,9 @@ impl Service {
             }
         }
         self.inner.runtime.shutdown().await;
+        if let Some(cluster) = &self.inner.cluster {
+            self.shutdown_shared(cluster).await;
+        }
         self.inner.closing.cancel();
     }
 

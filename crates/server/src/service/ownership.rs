@@ -202,6 +202,10 @@ impl Service {
         let Some(ownership) = &self.inner.ownership else {
             return;
         };
+        // In distributed mode the threads' pumps give them up.
+        if self.inner.cluster.is_some() {
+            return;
+        }
         let idle = {
             let state = lane.state();
             state.active.is_none() && state.queue.is_empty()

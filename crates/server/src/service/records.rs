@@ -20,13 +20,13 @@ use std::time::{Duration, Instant};
 use rein::AgentRunResult;
 use rein::events::{AgentEvent, CancelCause, EventSink};
 use rein::{CancellationToken, TerminationReason};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 
 use crate::deployment::Retention;
 
 /// Where a run is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     /// Waiting behind the thread's active run (`enqueue`).
@@ -38,7 +38,7 @@ pub enum RunStatus {
 }
 
 /// The run record's JSON (`GET /v1/runs/{run_id}`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
     /// The run.
     pub run_id: String,
@@ -105,6 +105,11 @@ pub struct RunEntry {
     state: Mutex<EntryState>,
     /// The number of logged events, bumped on every append and on finish.
     changed: watch::Sender<u64>,
+    /// Whether this process runs it (with a shared store, a run another
+    /// process runs is followed from the database instead).
+    driven_here: std::sync::atomic::AtomicBool,
+    /// Whether a follower copies it from the database.
+    followed: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -115,6 +120,30 @@ struct EntryState {
 }
 
 impl RunEntry {
+    fn new(
+        run_id: &str,
+        thread_id: &str,
+        agent_id: &str,
+        idempotency_key: Option<String>,
+        status: RunStatus,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            run_id: run_id.to_owned(),
+            thread_id: thread_id.to_owned(),
+            agent_id: agent_id.to_owned(),
+            idempotency_key,
+            cancellation: CancellationToken::new(),
+            state: Mutex::new(EntryState {
+                status,
+                result: None,
+                events: Vec::new(),
+            }),
+            changed: watch::channel(0).0,
+            driven_here: std::sync::atomic::AtomicBool::new(false),
+            followed: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
     fn state(&self) -> MutexGuard<'_, EntryState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -122,17 +151,19 @@ impl RunEntry {
     /// The record as served.
     pub fn record(&self) -> RunRecord {
         let state = self.state();
-        let result = state.result.as_ref();
-        RunRecord {
-            run_id: self.run_id.clone(),
-            thread_id: self.thread_id.clone(),
-            agent_id: self.agent_id.clone(),
-            status: state.status,
-            termination: result.map(|r| r.termination.clone()),
-            response: result.map(|r| r.response.clone()),
-            steps: result.map(|r| r.steps),
-            usage: result.map(|r| r.usage),
-            cancel_cause: result.and_then(|r| r.cancel_cause.clone()),
+        match &state.result {
+            Some(result) => finished_record(&self.run_id, &self.thread_id, &self.agent_id, result),
+            None => RunRecord {
+                run_id: self.run_id.clone(),
+                thread_id: self.thread_id.clone(),
+                agent_id: self.agent_id.clone(),
+                status: state.status,
+                termination: None,
+                response: None,
+                steps: None,
+                usage: None,
+                cancel_cause: None,
+            },
         }
     }
 
@@ -179,6 +210,45 @@ impl RunEntry {
                 return self.record();
             }
         }
+    }
+
+    /// Whether this process runs it.
+    pub fn driven_here(&self) -> bool {
+        self.driven_here.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Marks it followed; `true` for the first caller only.
+    pub(super) fn start_following(&self) -> bool {
+        !self
+            .followed
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// How many events are logged.
+    pub fn logged(&self) -> u64 {
+        self.state().events.len() as u64
+    }
+
+    pub(super) fn set_driven_here(&self) {
+        self.driven_here
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Appends an event read from the shared store, unless the log has it
+    /// already (events arrive in order; `seq` is the next one or a repeat).
+    pub(super) fn append_stored(&self, seq: u64, kind: &str, json: String) {
+        let mut state = self.state();
+        if seq != state.events.len() as u64 + 1 {
+            return;
+        }
+        state.events.push(Arc::new(LoggedEvent {
+            seq,
+            kind: intern(kind),
+            json,
+        }));
+        let count = state.events.len() as u64;
+        drop(state);
+        self.changed.send_replace(count);
     }
 
     pub(super) fn set_running(&self) {
@@ -273,6 +343,22 @@ impl Records {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The run's entry, made (with `status`) if it is not kept.
+    pub(super) fn get_or_create(
+        &self,
+        run_id: &str,
+        thread_id: &str,
+        agent_id: &str,
+        idempotency_key: Option<String>,
+        status: RunStatus,
+    ) -> Arc<RunEntry> {
+        self.inner()
+            .runs
+            .entry(run_id.to_owned())
+            .or_insert_with(|| RunEntry::new(run_id, thread_id, agent_id, idempotency_key, status))
+            .clone()
+    }
+
     /// A new entry (queued or running); `None` if the id is taken.
     pub(super) fn create(
         &self,
@@ -286,19 +372,7 @@ impl Records {
         if inner.runs.contains_key(run_id) {
             return None;
         }
-        let entry = Arc::new(RunEntry {
-            run_id: run_id.to_owned(),
-            thread_id: thread_id.to_owned(),
-            agent_id: agent_id.to_owned(),
-            idempotency_key,
-            cancellation: CancellationToken::new(),
-            state: Mutex::new(EntryState {
-                status,
-                result: None,
-                events: Vec::new(),
-            }),
-            changed: watch::channel(0).0,
-        });
+        let entry = RunEntry::new(run_id, thread_id, agent_id, idempotency_key, status);
         inner.runs.insert(run_id.to_owned(), entry.clone());
         Some(entry)
     }
@@ -330,11 +404,15 @@ impl Records {
         })
     }
 
-    /// Marks a run finished with its result; applies retention. Returns
-    /// the idempotency keys (thread, key) of the entries dropped.
+    /// Marks a run finished with its result (once; later calls do
+    /// nothing); applies retention. Returns the idempotency keys (thread,
+    /// key) of the entries dropped.
     pub(super) fn finish(&self, entry: &RunEntry, result: AgentRunResult) -> Vec<(String, String)> {
         {
             let mut state = entry.state();
+            if state.status == RunStatus::Finished {
+                return Vec::new();
+            }
             state.status = RunStatus::Finished;
             state.result = Some(result);
         }
@@ -418,6 +496,39 @@ impl Records {
             }
         }
         dropped
+    }
+}
+
+/// The `&'static` name of an event type read back from the store (the
+/// engine's types are a small fixed set; each new name is kept once).
+fn intern(kind: &str) -> &'static str {
+    static KINDS: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut kinds = KINDS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(known) = kinds.iter().find(|k| **k == kind) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(kind.to_owned().into_boxed_str());
+    kinds.push(leaked);
+    leaked
+}
+
+/// The record of a finished run.
+pub(super) fn finished_record(
+    run_id: &str,
+    thread_id: &str,
+    agent_id: &str,
+    result: &AgentRunResult,
+) -> RunRecord {
+    RunRecord {
+        run_id: run_id.to_owned(),
+        thread_id: thread_id.to_owned(),
+        agent_id: agent_id.to_owned(),
+        status: RunStatus::Finished,
+        termination: Some(result.termination.clone()),
+        response: Some(result.response.clone()),
+        steps: Some(result.steps),
+        usage: Some(result.usage),
+        cancel_cause: result.cancel_cause.clone(),
     }
 }
 

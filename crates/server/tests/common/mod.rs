@@ -30,11 +30,7 @@ impl Server {
         let deployment = Deployment::from_yaml(yaml).unwrap();
         let assembled =
             std::sync::Arc::new(rein_server::assemble::start(&deployment).await.unwrap());
-        let service = Service::with_ownership(
-            assembled.runtime.clone(),
-            deployment.server.clone(),
-            assembled.ownership.clone(),
-        );
+        let service: Service = assembled.service(deployment.server.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

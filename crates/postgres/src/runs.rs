@@ -1,0 +1,631 @@
+//! [`PgRuns`]: the runs of every thread — the inbox of submissions, the
+//! run records and the runs' events — shared by every process.
+//!
+//! A submission is a `queued` row of `rein_runs`, committed before the
+//! service answers 202. The thread's owner claims rows one by one
+//! (`running`), runs them, writes their events (`rein_events`, numbered
+//! per run) and finishes them with their record. Every write of a run is
+//! **fenced**: it happens only if the thread's fence is still the one this
+//! process's lease holds, checked under a share lock of the thread's row in
+//! the write's own statement, so a process that lost the thread (paused
+//! past its lease, cut off) writes nothing.
+//!
+//! Notifications (sent at commit): `rein_work` (payload `i:<thread id>` for
+//! an `interrupt` submission, `e:<thread id>` otherwise) when a thread has a
+//! new submission; `rein_events` (a run id) when a run has
+//! new events or finished; `rein_cancel` (`run:<run id>`) when a running
+//! run is asked to cancel. They make things fast; polling makes them sure.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use sqlx::postgres::PgPool;
+
+use crate::Leases;
+
+/// A submission to write.
+#[derive(Debug, Clone)]
+pub struct NewRun<'a> {
+    /// The run's id (unique across threads).
+    pub run_id: &'a str,
+    /// Its thread.
+    pub thread_id: &'a str,
+    /// Its agent.
+    pub agent_id: &'a str,
+    /// `interrupt`: when the thread has a run, cancel it and run this next.
+    pub interrupt: bool,
+    /// `reject`: refuse when the thread has a run or a queued submission.
+    pub reject_if_busy: bool,
+    /// Makes a repeated submission find this one.
+    pub idempotency_key: Option<&'a str>,
+    /// The input messages (the contract's serde shape, as a JSON array).
+    pub messages: &'a Value,
+}
+
+/// What [`PgRuns::submit`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitOutcome {
+    /// Written, `queued`.
+    Queued,
+    /// The idempotency key was seen on the thread: the first run's id.
+    Duplicate(String),
+    /// `reject_if_busy` and the thread has a run or a queued submission.
+    Busy,
+    /// The run id is taken.
+    RunIdTaken,
+}
+
+/// A run claimed by the thread's owner.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The run.
+    pub run_id: String,
+    /// Its agent.
+    pub agent_id: String,
+    /// Its input messages (JSON array).
+    pub messages: Value,
+    /// Whether a cancel was asked while it was queued.
+    pub cancel_requested: bool,
+}
+
+/// A run as stored.
+#[derive(Debug, Clone)]
+pub struct StoredRun {
+    /// The run.
+    pub run_id: String,
+    /// Its thread.
+    pub thread_id: String,
+    /// Its agent.
+    pub agent_id: String,
+    /// `queued`, `running` or `finished`.
+    pub status: String,
+    /// Its record, once finished.
+    pub record: Option<Value>,
+    /// The idempotency key it was submitted with.
+    pub idempotency_key: Option<String>,
+}
+
+/// One event of a run, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    /// Its number in the run, from 1.
+    pub seq: i64,
+    /// Its type (`run_started`, …).
+    pub kind: String,
+    /// Its JSON text.
+    pub data: String,
+}
+
+/// The runs in PostgreSQL, written by one process (whose [`Leases`] fence
+/// its writes).
+#[derive(Debug, Clone)]
+pub struct PgRuns {
+    pool: PgPool,
+    leases: Arc<Leases>,
+}
+
+/// The share lock on the thread's row that fences a write: present only
+/// while the row still has the writer's owner and fence. `$1` thread,
+/// `$2` fence, `$3` owner.
+macro_rules! fenced {
+    ($rest:literal) => {
+        concat!(
+            "WITH fence AS (SELECT 1 FROM rein_threads
+                 WHERE thread_id = $1 AND fence = $2 AND owner = $3 FOR SHARE),",
+            $rest
+        )
+    };
+}
+
+impl PgRuns {
+    /// The runs, written as `leases`' owner.
+    pub fn new(pool: PgPool, leases: Arc<Leases>) -> Self {
+        Self { pool, leases }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The leases that fence this process's writes.
+    pub fn leases(&self) -> &Arc<Leases> {
+        &self.leases
+    }
+
+    /// Writes a submission (`queued`) and notifies `rein_work`, unless its
+    /// idempotency key was seen on the thread (or, with `reject_if_busy`,
+    /// the thread has work).
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn submit(&self, new: &NewRun<'_>) -> Result<SubmitOutcome, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        if new.reject_if_busy {
+            // Rejecting submissions to one thread take turns, so two of
+            // them cannot both find the thread idle.
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                .bind(new.thread_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if let Some(key) = new.idempotency_key {
+            let seen: Option<String> = sqlx::query_scalar(
+                "SELECT run_id FROM rein_runs WHERE thread_id = $1 AND idempotency_key = $2",
+            )
+            .bind(new.thread_id)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(run_id) = seen {
+                return Ok(SubmitOutcome::Duplicate(run_id));
+            }
+        }
+        if new.reject_if_busy {
+            let busy: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM rein_runs WHERE thread_id = $1 AND status <> 'finished')",
+            )
+            .bind(new.thread_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            if busy {
+                return Ok(SubmitOutcome::Busy);
+            }
+        }
+        let inserted = sqlx::query_scalar::<_, String>(
+            "WITH ins AS (
+                 INSERT INTO rein_runs (run_id, thread_id, agent_id, interrupt, idempotency_key, messages)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (thread_id, idempotency_key) DO NOTHING
+                 RETURNING run_id
+             )
+             SELECT run_id FROM ins,
+                  LATERAL (SELECT pg_notify('rein_work', (CASE WHEN $4 THEN 'i:' ELSE 'e:' END) || $2)) AS n",
+        )
+        .bind(new.run_id)
+        .bind(new.thread_id)
+        .bind(new.agent_id)
+        .bind(new.interrupt)
+        .bind(new.idempotency_key)
+        .bind(new.messages)
+        .fetch_optional(&mut *tx)
+        .await;
+        match inserted {
+            Ok(Some(_)) => {
+                tx.commit().await?;
+                Ok(SubmitOutcome::Queued)
+            }
+            Ok(None) => {
+                // A concurrent submission with the same key committed
+                // first: find it (a fresh statement sees it).
+                drop(tx);
+                let run_id: String = sqlx::query_scalar(
+                    "SELECT run_id FROM rein_runs WHERE thread_id = $1 AND idempotency_key = $2",
+                )
+                .bind(new.thread_id)
+                .bind(new.idempotency_key)
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(SubmitOutcome::Duplicate(run_id))
+            }
+            Err(sqlx::Error::Database(e)) if e.constraint() == Some("rein_runs_pkey") => {
+                Ok(SubmitOutcome::RunIdTaken)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn fence(&self, thread_id: &str) -> Option<i64> {
+        self.leases.fence(thread_id)
+    }
+
+    /// Claims the thread's next queued run (the oldest; with
+    /// `interrupting_only`, the oldest `interrupt` one) and marks it
+    /// `running`. `None` when there is none, or the thread is not held.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn claim(
+        &self,
+        thread_id: &str,
+        interrupting_only: bool,
+    ) -> Result<Option<Claimed>, sqlx::Error> {
+        let Some(fence) = self.fence(thread_id) else {
+            return Ok(None);
+        };
+        let row: Option<(String, String, Value, bool)> = sqlx::query_as(fenced!(
+            "next AS (
+                 SELECT run_id FROM rein_runs
+                 WHERE thread_id = $1 AND status = 'queued' AND ($4 = false OR interrupt)
+                   AND EXISTS (SELECT 1 FROM fence)
+                 ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED
+             )
+             UPDATE rein_runs AS r SET status = 'running', started_at = now(), worker = $3
+             FROM next WHERE r.run_id = next.run_id
+             RETURNING r.run_id, r.agent_id, r.messages, r.cancel_requested"
+        ))
+        .bind(thread_id)
+        .bind(fence)
+        .bind(self.leases.owner())
+        .bind(interrupting_only)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(
+            row.map(|(run_id, agent_id, messages, cancel_requested)| Claimed {
+                run_id,
+                agent_id,
+                messages,
+                cancel_requested,
+            }),
+        )
+    }
+
+    /// Appends a run's events (fenced) and notifies `rein_events`; `false`
+    /// when the fence refused them (nothing written).
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn append_events(
+        &self,
+        thread_id: &str,
+        run_id: &str,
+        events: &[StoredEvent],
+    ) -> Result<bool, sqlx::Error> {
+        let Some(fence) = self.fence(thread_id) else {
+            return Ok(false);
+        };
+        let (seqs, kinds, datas) = columns(events);
+        let written: i64 = sqlx::query_scalar(fenced!(
+            "ev AS (
+                 INSERT INTO rein_events (run_id, seq, kind, data)
+                 SELECT $4, e.seq, e.kind, e.data
+                 FROM unnest($5::bigint[], $6::text[], $7::text[]) AS e(seq, kind, data)
+                 WHERE EXISTS (SELECT 1 FROM fence)
+                 ON CONFLICT DO NOTHING
+                 RETURNING 1
+             )
+             SELECT (SELECT count(*) FROM fence) FROM (SELECT pg_notify('rein_events', $4)) AS n"
+        ))
+        .bind(thread_id)
+        .bind(fence)
+        .bind(self.leases.owner())
+        .bind(run_id)
+        .bind(&seqs)
+        .bind(&kinds)
+        .bind(&datas)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(written > 0)
+    }
+
+    /// Finishes a running run (fenced): appends its last events, stores its
+    /// record, marks it `finished` and notifies `rein_events`, in one
+    /// statement. `false` when the fence refused it or it had finished.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn finish(
+        &self,
+        thread_id: &str,
+        run_id: &str,
+        record: &Value,
+        events: &[StoredEvent],
+    ) -> Result<bool, sqlx::Error> {
+        let Some(fence) = self.fence(thread_id) else {
+            return Ok(false);
+        };
+        let (seqs, kinds, datas) = columns(events);
+        let finished: i64 = sqlx::query_scalar(fenced!(
+            "ev AS (
+                 INSERT INTO rein_events (run_id, seq, kind, data)
+                 SELECT $4, e.seq, e.kind, e.data
+                 FROM unnest($5::bigint[], $6::text[], $7::text[]) AS e(seq, kind, data)
+                 WHERE EXISTS (SELECT 1 FROM fence)
+                 ON CONFLICT DO NOTHING
+                 RETURNING 1
+             ),
+             up AS (
+                 UPDATE rein_runs SET status = 'finished', record = $8, finished_at = now()
+                 WHERE run_id = $4 AND thread_id = $1 AND status <> 'finished'
+                   AND EXISTS (SELECT 1 FROM fence)
+                 RETURNING 1
+             )
+             SELECT (SELECT count(*) FROM up) FROM (SELECT pg_notify('rein_events', $4)) AS n"
+        ))
+        .bind(thread_id)
+        .bind(fence)
+        .bind(self.leases.owner())
+        .bind(run_id)
+        .bind(&seqs)
+        .bind(&kinds)
+        .bind(&datas)
+        .bind(record)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(finished > 0)
+    }
+
+    /// Finishes a queued run that never started (cancelled while queued):
+    /// its last events and its record, if it is still queued. Any process
+    /// may do it: a queued run has no writer yet, and a claim and this take
+    /// the row's lock in turn.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn finish_queued(
+        &self,
+        run_id: &str,
+        record: &Value,
+        events: &[StoredEvent],
+    ) -> Result<bool, sqlx::Error> {
+        let (seqs, kinds, datas) = columns(events);
+        let finished: i64 = sqlx::query_scalar(
+            "WITH up AS (
+                 UPDATE rein_runs SET status = 'finished', record = $1, finished_at = now()
+                 WHERE run_id = $2 AND status = 'queued'
+                 RETURNING run_id
+             ),
+             ev AS (
+                 INSERT INTO rein_events (run_id, seq, kind, data)
+                 SELECT up.run_id, e.seq, e.kind, e.data
+                 FROM up, unnest($3::bigint[], $4::text[], $5::text[]) AS e(seq, kind, data)
+                 ON CONFLICT DO NOTHING
+             )
+             SELECT (SELECT count(*) FROM up) FROM (SELECT pg_notify('rein_events', $2)) AS n",
+        )
+        .bind(record)
+        .bind(run_id)
+        .bind(&seqs)
+        .bind(&kinds)
+        .bind(&datas)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(finished > 0)
+    }
+
+    /// Asks the owner of a running run to cancel it (`NOTIFY rein_cancel`
+    /// with `run:<id>`; owners also poll). Returns the run's status, `None`
+    /// if it does not exist.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn request_cancel(&self, run_id: &str) -> Result<Option<String>, sqlx::Error> {
+        sqlx::query_scalar(
+            "WITH up AS (
+                 UPDATE rein_runs SET cancel_requested = true
+                 WHERE run_id = $1 AND status <> 'finished'
+                 RETURNING status
+             )
+             SELECT COALESCE((SELECT status FROM up), (SELECT status FROM rein_runs WHERE run_id = $1))
+             FROM (SELECT pg_notify('rein_cancel', 'run:' || $1)) AS n",
+        )
+        .bind(run_id)
+        .fetch_one(&self.pool)
+        .await
+    }
+
+    /// The running runs of `threads` with a cancel request.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn cancel_requested(&self, threads: &[String]) -> Result<Vec<String>, sqlx::Error> {
+        if threads.is_empty() {
+            return Ok(Vec::new());
+        }
+        sqlx::query_scalar(
+            "SELECT run_id FROM rein_runs
+             WHERE thread_id = ANY($1) AND status = 'running' AND cancel_requested",
+        )
+        .bind(threads)
+        .fetch_all(&self.pool)
+        .await
+    }
+
+    /// A run, if stored.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn run(&self, run_id: &str) -> Result<Option<StoredRun>, sqlx::Error> {
+        let row: Option<(
+            String,
+            String,
+            String,
+            String,
+            Option<Value>,
+            Option<String>,
+        )> = sqlx::query_as(
+            "SELECT run_id, thread_id, agent_id, status, record, idempotency_key
+                 FROM rein_runs WHERE run_id = $1",
+        )
+        .bind(run_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(
+            |(run_id, thread_id, agent_id, status, record, idempotency_key)| StoredRun {
+                run_id,
+                thread_id,
+                agent_id,
+                status,
+                record,
+                idempotency_key,
+            },
+        ))
+    }
+
+    /// A run's events after `after`, in order.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn events_after(
+        &self,
+        run_id: &str,
+        after: i64,
+    ) -> Result<Vec<StoredEvent>, sqlx::Error> {
+        let rows: Vec<(i64, String, String)> = sqlx::query_as(
+            "SELECT seq, kind, data FROM rein_events WHERE run_id = $1 AND seq > $2 ORDER BY seq",
+        )
+        .bind(run_id)
+        .bind(after)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(seq, kind, data)| StoredEvent { seq, kind, data })
+            .collect())
+    }
+
+    /// The thread's `running` runs (id, agent, number of the last event):
+    /// after taking the thread, these are runs of a previous owner.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn running(
+        &self,
+        thread_id: &str,
+    ) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT r.run_id, r.agent_id,
+                    COALESCE((SELECT MAX(seq) FROM rein_events e WHERE e.run_id = r.run_id), 0)
+             FROM rein_runs r WHERE r.thread_id = $1 AND r.status = 'running' ORDER BY r.seq",
+        )
+        .bind(thread_id)
+        .fetch_all(&self.pool)
+        .await
+    }
+
+    /// The thread's queued runs, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn queued(&self, thread_id: &str) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT run_id FROM rein_runs WHERE thread_id = $1 AND status = 'queued' ORDER BY seq",
+        )
+        .bind(thread_id)
+        .fetch_all(&self.pool)
+        .await
+    }
+
+    /// Whether the thread has a queued or running run.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn has_open(&self, thread_id: &str) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM rein_runs WHERE thread_id = $1 AND status <> 'finished')",
+        )
+        .bind(thread_id)
+        .fetch_one(&self.pool)
+        .await
+    }
+
+    /// Threads with queued or running runs that no live process owns (their
+    /// owner released them, or its lease expired): work to take.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn orphaned(&self) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT DISTINCT r.thread_id FROM rein_runs r
+             LEFT JOIN rein_threads t ON t.thread_id = r.thread_id
+             WHERE r.status <> 'finished'
+               AND (t.thread_id IS NULL OR t.owner IS NULL OR t.lease_until < now())
+             LIMIT 256",
+        )
+        .fetch_all(&self.pool)
+        .await
+    }
+
+    /// Forgets the thread's idempotency keys (the thread was deleted).
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn forget_keys(&self, thread_id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE rein_runs SET idempotency_key = NULL WHERE thread_id = $1")
+            .bind(thread_id)
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+    }
+
+    /// Drops finished runs (and their events) older than `ttl`; returns
+    /// how many.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn sweep(&self, ttl: std::time::Duration) -> Result<u64, sqlx::Error> {
+        sqlx::query(
+            "DELETE FROM rein_runs WHERE status = 'finished'
+             AND finished_at < now() - make_interval(secs => $1)",
+        )
+        .bind(ttl.as_secs_f64())
+        .execute(&self.pool)
+        .await
+        .map(|r| r.rows_affected())
+    }
+}
+
+fn columns(events: &[StoredEvent]) -> (Vec<i64>, Vec<&str>, Vec<&str>) {
+    (
+        events.iter().map(|e| e.seq).collect(),
+        events.iter().map(|e| e.kind.as_str()).collect(),
+        events.iter().map(|e| e.data.as_str()).collect(),
+    )
+}
+
+/// Whether a database error is the kind that passes (the connection was
+/// lost, the server is restarting), so the operation is worth retrying.
+pub fn is_transient(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(e) => e.code().is_some_and(|code| {
+            // connection exceptions, admin shutdown, cannot connect now
+            code.starts_with("08") || code == "57P01" || code == "57P02" || code == "57P03"
+        }),
+        _ => false,
+    }
+}
+
+/// Runs `op` until it succeeds, fails for good, or `within` has passed
+/// while the database is unreachable (see [`is_transient`]), backing off
+/// between attempts.
+///
+/// # Errors
+///
+/// The last error.
+pub async fn retry<T, F, Fut>(within: std::time::Duration, mut op: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let start = tokio::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(50);
+    loop {
+        match op().await {
+            Err(e) if is_transient(&e) && start.elapsed() < within => {
+                tracing::warn!(error = %e, "the database is unreachable; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}
