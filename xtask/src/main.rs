@@ -5,7 +5,7 @@
 //!   with every feature, so the `otel` exporter is checked too).
 //! - `local-llm start|stop|status|install`: a local OpenAI-compatible model
 //!   server for the live tests (see `local_llm`).
-//! - `postgres start|stop|status`: a private PostgreSQL cluster for the
+//! - `postgres start|stop|restart|status`: a private PostgreSQL cluster for the
 //!   durable-mode tests (see `postgres`).
 //! - `bench [NAME…] [--json PATH] [--tiny] [--timeout SECS]`: the benchmark
 //!   workloads (see `bench`).
@@ -156,7 +156,7 @@ commands:
   local-llm start [--port N]|stop|status|install
                                        a local model server for the live tests; start prints
                                        REIN_LLM_BASE_URL=<url> as its last line
-  postgres start|stop|status           a private PostgreSQL cluster (127.0.0.1, free port); start
+  postgres start|stop|restart|status   a private PostgreSQL cluster (127.0.0.1, free port); start
                                        prints REIN_DATABASE_URL=<url> as its last line
   bench [NAME...] [--json PATH] [--tiny] [--timeout SECS]
                                        release-mode benchmarks, median of 3 fresh processes,

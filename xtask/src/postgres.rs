@@ -176,6 +176,26 @@ impl Cluster {
         Ok(port)
     }
 
+    /// A fast restart (clients are disconnected), for the tests that check
+    /// the service rides one out.
+    fn restart(&self) -> Result<(), String> {
+        if !self.running() {
+            return Err(
+                "the PostgreSQL cluster is not running; `cargo xtask postgres start` first"
+                    .to_owned(),
+            );
+        }
+        let mut restart = as_owner(&self.user, "pg_ctl");
+        restart
+            .arg("restart")
+            .arg("-D")
+            .arg(self.data())
+            .arg("-l")
+            .arg(self.dir.join("server.log"))
+            .args(["-m", "fast", "-w", "-t", "60"]);
+        run(restart, "pg_ctl restart").map(|_| println!("xtask: PostgreSQL restarted"))
+    }
+
     fn stop(&self) -> Result<(), String> {
         if !self.running() {
             println!("xtask: the PostgreSQL cluster is not running");
@@ -200,6 +220,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
             Ok(())
         }
         Some("stop") => cluster.stop(),
+        Some("restart") => cluster.restart(),
         Some("status") => {
             match (cluster.running(), cluster.port()) {
                 (true, Some(port)) => println!("running: REIN_DATABASE_URL={}", cluster.url(port)),
@@ -207,7 +228,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
             }
             Ok(())
         }
-        _ => Err("usage: cargo xtask postgres start|stop|status".to_owned()),
+        _ => Err("usage: cargo xtask postgres start|stop|restart|status".to_owned()),
     }
 }
 

@@ -125,9 +125,18 @@ impl Leases {
         .bind(self.lease.as_secs_f64())
         .fetch_all(&self.pool)
         .await?;
-        let lost: Vec<String> = threads.into_iter().filter(|t| !kept.contains(t)).collect();
-        for thread in &lost {
-            self.held.remove(thread);
+        // A thread given up and taken again while this ran holds a new
+        // fence: it is not lost.
+        let mut lost = Vec::new();
+        for (thread, fence) in threads.into_iter().zip(fences) {
+            if !kept.contains(&thread)
+                && self
+                    .held
+                    .remove_if(&thread, |_, held| *held == fence)
+                    .is_some()
+            {
+                lost.push(thread);
+            }
         }
         Ok(lost)
     }

@@ -511,6 +511,7 @@ async fn shutdown_cancels_active_runs_with_cause_shutdown_and_ends_queued_ones()
         .unwrap();
     let active = service
         .run(active["run_id"].as_str().unwrap())
+        .await
         .unwrap()
         .record();
     assert_eq!(active.termination, Some(rein::TerminationReason::Cancelled));
@@ -520,6 +521,7 @@ async fn shutdown_cancels_active_runs_with_cause_shutdown_and_ends_queued_ones()
     );
     let queued = service
         .run(queued["run_id"].as_str().unwrap())
+        .await
         .unwrap()
         .record();
     assert_eq!(

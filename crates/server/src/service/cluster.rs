@@ -75,7 +75,13 @@ struct Pump {
     wake: Notify,
     /// An `interrupt` submission is waiting.
     interrupt: AtomicBool,
+    /// Held while claiming, and while giving the thread up.
     stepping: tokio::sync::Mutex<()>,
+    /// The thread is held and what a previous owner left was cleaned up:
+    /// claims may start.
+    ready: AtomicBool,
+    /// The thread was given up: this pump claims nothing more.
+    closed: AtomicBool,
     active: Mutex<Option<Arc<RunEntry>>>,
 }
 
@@ -293,6 +299,7 @@ impl Service {
                 return;
             }
             self.end_lost_runs(cluster, thread_id).await;
+            pump.ready.store(true, Ordering::SeqCst);
             let service = self.clone();
             let thread = thread_id.to_owned();
             let running = pump.clone();
@@ -324,6 +331,14 @@ impl Service {
             }
         };
         for (run_id, agent_id, last) in running {
+            if self
+                .inner
+                .records
+                .get(&run_id)
+                .is_some_and(|e| e.driven_here() && e.status() != RunStatus::Finished)
+            {
+                continue; // running here: not lost
+            }
             let (result, record, event) = ended_without_engine(
                 &run_id,
                 thread_id,
@@ -356,6 +371,9 @@ impl Service {
     async fn step(&self, cluster: &Cluster, thread_id: &str, pump: &Arc<Pump>, poll: bool) -> bool {
         let _turn = pump.stepping.lock().await;
         loop {
+            if pump.closed.load(Ordering::SeqCst) || !pump.ready.load(Ordering::SeqCst) {
+                return false;
+            }
             if self.inner.shutting_down.load(Ordering::SeqCst) {
                 return pump.active().is_some();
             }
@@ -513,13 +531,19 @@ impl Service {
             if busy {
                 continue;
             }
-            // Idle: give the thread up; then, if work came in meanwhile
-            // (its submitter found this pump and only woke it), take it
-            // again through a fresh pump.
-            if let Some(ownership) = &self.inner.ownership {
-                ownership.release(&thread_id).await;
-            }
+            // Idle: give the thread up — in turn with claims, so no run
+            // starts here once the lease is going. Then, if work came in
+            // meanwhile (its submitter found this pump closing), take the
+            // thread again through a fresh pump.
             {
+                let _turn = pump.stepping.lock().await;
+                if pump.active().is_some() {
+                    continue;
+                }
+                pump.closed.store(true, Ordering::SeqCst);
+                if let Some(ownership) = &self.inner.ownership {
+                    ownership.release(&thread_id).await;
+                }
                 let mut pumps = cluster.pumps.lock().unwrap_or_else(|e| e.into_inner());
                 if pumps.get(&thread_id).is_some_and(|p| Arc::ptr_eq(p, &pump)) {
                     pumps.remove(&thread_id);

@@ -1,0 +1,538 @@
+//! The multi-process suite: real `rein serve` processes on one PostgreSQL
+//! database, killed, paused and cut off from it. Needs `REIN_DATABASE_URL`
+//! (`cargo xtask postgres start`; `.ci/run` sets it) and, for the database
+//! restart, the `xtask` binary built next to this test (`cargo xtask`
+//! builds it).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+fn database() -> Option<String> {
+    match std::env::var("REIN_DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            let _ = std::io::stderr()
+                .write_all(b"multi-process tests skipped: REIN_DATABASE_URL is not set\n");
+            None
+        }
+    }
+}
+
+fn config(lease_seconds: u64) -> PathBuf {
+    let yaml = format!(
+        r#"
+providers:
+  quick: {{ kind: scripted, responses: ["Done."] }}
+  slow: {{ kind: scripted, chunk_delay_ms: 100, responses: ["{words}"] }}
+models:
+  quick: {{ provider: quick, model: q }}
+  slow: {{ provider: slow, model: s }}
+agents:
+  - {{ id: quick, model_id: quick }}
+  - {{ id: slow, model_id: slow }}
+store: {{ postgres: {{ url_env: REIN_DATABASE_URL }} }}
+server: {{ lease_seconds: {lease_seconds} }}
+"#,
+        words = (1..=40)
+            .map(|i| format!("w{i}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let path = std::env::temp_dir().join(format!(
+        "rein-cluster-{}-{lease_seconds}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// One `rein serve` process.
+struct Node {
+    child: Child,
+    url: String,
+    client: reqwest::Client,
+}
+
+impl Node {
+    fn start(config: &PathBuf) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rein"))
+            .args(["serve", "--config"])
+            .arg(config)
+            .args(["--bind", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("no listening line: {line:?}"))
+            .to_owned();
+        Self {
+            child,
+            url,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self
+            .client
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn submit(&self, thread: &str, agent: &str, text: &str, strategy: &str) -> Value {
+        let (status, body) = self
+            .post(
+                &format!("/v1/threads/{thread}/runs"),
+                json!({"agent_id": agent, "strategy": strategy,
+                       "messages": [{"role": "user", "content": text}]}),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        body
+    }
+
+    /// Polls the run record until it is finished.
+    async fn finished(&self, run_id: &str, within: Duration) -> Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let (status, record) = self.get(&format!("/v1/runs/{run_id}")).await;
+            assert_eq!(status, 200, "{record}");
+            if record["status"] == "finished" {
+                return record;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "run {run_id} not finished: {record}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // By PID: SIGCONT first, in case it is stopped, then SIGKILL.
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn thread(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+/// A history is valid when it alternates user input and answers and every
+/// tool call has a result.
+fn assert_valid(history: &Value) {
+    let messages = history.as_array().unwrap();
+    let mut open: BTreeSet<String> = BTreeSet::new();
+    for m in messages {
+        if let Some(calls) = m["tool_calls"].as_array() {
+            for c in calls {
+                open.insert(c["id"].as_str().unwrap().to_owned());
+            }
+        }
+        if let Some(id) = m["tool_call_id"].as_str() {
+            assert!(open.remove(id), "a result without its call: {history}");
+        }
+    }
+    assert!(open.is_empty(), "calls without results {open:?}: {history}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_submitted_on_one_process_is_streamed_from_a_second_and_cancelled_from_a_third() {
+    let Some(_) = database() else { return };
+    let config = config(3);
+    let (a, b, c) = (
+        Node::start(&config),
+        Node::start(&config),
+        Node::start(&config),
+    );
+    let t = thread("three");
+    let run = a.submit(&t, "slow", "talk", "interrupt").await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let events = b
+        .client
+        .get(format!("{}/v1/runs/{run_id}/events", b.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status().as_u16(), 200);
+    let mut body = events.bytes_stream();
+    let mut text = String::new();
+    // Stream until some text has arrived, then cancel from the third.
+    while !text.contains("text_delta") {
+        text.push_str(&String::from_utf8_lossy(
+            &body.next().await.unwrap().unwrap(),
+        ));
+    }
+    assert_eq!(
+        c.post(&format!("/v1/runs/{run_id}/cancel"), json!({}))
+            .await,
+        (200, json!({"cancelled": true}))
+    );
+    while let Some(chunk) = body.next().await {
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    let last = text
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .last()
+        .unwrap();
+    assert!(last.contains("event: run_finished"), "{last}");
+    assert!(last.contains(r#""type":"cancelled""#), "{last}");
+    let ids: Vec<u64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: "))
+        .map(|id| id.parse().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        (1..=ids.len() as u64).collect::<Vec<_>>(),
+        "per-run sequence numbers"
+    );
+    for node in [&a, &b, &c] {
+        let record = node.finished(&run_id, Duration::from_secs(5)).await;
+        assert_eq!(record["termination"]["type"], "cancelled", "{record}");
+        assert_eq!(record["cancel_cause"]["type"], "requested", "{record}");
+    }
+    let (_, history) = c.get(&format!("/v1/threads/{t}/messages")).await;
+    assert_valid(&history);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_a_busy_owner_ends_its_run_as_lost_and_a_survivor_runs_the_queue() {
+    let Some(_) = database() else { return };
+    let lease = 2;
+    let config = config(lease);
+    let mut a = Node::start(&config);
+    let b = Node::start(&config);
+    let t = thread("killed");
+    let busy = a.submit(&t, "slow", "long job", "interrupt").await;
+    assert_eq!(busy["status"], "running", "{busy}");
+    let queued = b.submit(&t, "quick", "next job", "enqueue").await;
+    assert_eq!(queued["status"], "queued", "{queued}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let killed = Instant::now();
+    a.child.kill().unwrap(); // SIGKILL, by PID
+    a.child.wait().unwrap();
+    let next = b
+        .finished(
+            queued["run_id"].as_str().unwrap(),
+            Duration::from_secs(lease + 10),
+        )
+        .await;
+    let took = killed.elapsed();
+    assert_eq!(next["termination"]["type"], "natural_end", "{next}");
+    let lost = b
+        .finished(busy["run_id"].as_str().unwrap(), Duration::from_secs(1))
+        .await;
+    assert_eq!(lost["termination"]["type"], "error", "{lost}");
+    assert_eq!(
+        lost["termination"]["value"],
+        rein_server::service::LOST_RUN,
+        "{lost}"
+    );
+    assert!(
+        took < Duration::from_secs(lease + 5),
+        "the queue waited {took:?} after the kill"
+    );
+    let (_, history) = b.get(&format!("/v1/threads/{t}/messages")).await;
+    assert_valid(&history);
+    let users: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(users, vec!["long job", "next job"], "{history}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_paused_past_its_lease_writes_nothing_when_it_wakes() {
+    let Some(url) = database() else { return };
+    let pool = rein_postgres::connect(&url).await.unwrap();
+    let lease = 2;
+    let config = config(lease);
+    let a = Node::start(&config);
+    let b = Node::start(&config);
+    let t = thread("paused");
+    let busy = a.submit(&t, "slow", "long job", "interrupt").await;
+    let run_id = busy["run_id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    a.signal("-STOP");
+    // A survivor takes the thread and ends the run as lost.
+    let lost = b.finished(&run_id, Duration::from_secs(lease + 10)).await;
+    assert_eq!(
+        lost["termination"]["value"],
+        rein_server::service::LOST_RUN,
+        "{lost}"
+    );
+    let after = b
+        .submit(&t, "quick", "after the take-over", "enqueue")
+        .await;
+    b.finished(after["run_id"].as_str().unwrap(), Duration::from_secs(10))
+        .await;
+    let count = |sql: &'static str, key: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .bind(key)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    const EVENTS: &str = "SELECT count(*) FROM rein_events WHERE run_id = $1";
+    const MESSAGES: &str = "SELECT count(*) FROM rein_messages WHERE thread_id = $1";
+    let events = count(EVENTS, run_id.clone()).await;
+    let messages = count(MESSAGES, t.clone()).await;
+    let (_, history_before) = b.get(&format!("/v1/threads/{t}/messages")).await;
+    a.signal("-CONT");
+    // The woken process streams on, then finds its writes refused.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        count(EVENTS, run_id.clone()).await,
+        events,
+        "the paused process wrote events"
+    );
+    assert_eq!(
+        count(MESSAGES, t.clone()).await,
+        messages,
+        "the paused process wrote history"
+    );
+    let (_, history) = b.get(&format!("/v1/threads/{t}/messages")).await;
+    assert_eq!(history, history_before);
+    assert_valid(&history);
+    let record = b.finished(&run_id, Duration::from_secs(1)).await;
+    assert_eq!(record, lost, "the paused process rewrote the record");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_restart_mid_run_loses_nothing() {
+    let Some(_) = database() else { return };
+    let xtask = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|dir| dir.join("xtask"))
+        .unwrap();
+    assert!(
+        xtask.exists(),
+        "{} is missing: build it with `cargo build -p xtask`",
+        xtask.display()
+    );
+    let config = config(10);
+    let a = Node::start(&config);
+    let b = Node::start(&config);
+    let t = thread("restart");
+    let busy = a.submit(&t, "slow", "long job", "interrupt").await;
+    let queued = b.submit(&t, "quick", "queued job", "enqueue").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let restarted = Command::new(&xtask)
+        .args(["postgres", "restart"])
+        .status()
+        .unwrap();
+    assert!(restarted.success());
+    let record = a
+        .finished(busy["run_id"].as_str().unwrap(), Duration::from_secs(30))
+        .await;
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    let record = b
+        .finished(queued["run_id"].as_str().unwrap(), Duration::from_secs(30))
+        .await;
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    let after = b.submit(&t, "quick", "after the restart", "enqueue").await;
+    b.finished(after["run_id"].as_str().unwrap(), Duration::from_secs(30))
+        .await;
+    let events = b
+        .client
+        .get(format!(
+            "{}/v1/runs/{}/events",
+            b.url,
+            busy["run_id"].as_str().unwrap()
+        ))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let deltas = events.matches("event: text_delta").count();
+    assert_eq!(deltas, 40, "every streamed word was stored");
+    let (_, history) = a.get(&format!("/v1/threads/{t}/messages")).await;
+    assert_valid(&history);
+    let users = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .count();
+    assert_eq!(users, 3, "{history}");
+}
+
+/// 300 submissions over 3 processes × 5 threads, each idempotency key sent
+/// twice to two processes at once; repeated 10 times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_submissions_loses_none_duplicates_none_and_never_overlaps_runs() {
+    let Some(url) = database() else { return };
+    let pool = rein_postgres::connect(&url).await.unwrap();
+    let config = config(3);
+    let nodes = [
+        Node::start(&config),
+        Node::start(&config),
+        Node::start(&config),
+    ];
+    for round in 0..10 {
+        let threads: Vec<String> = (0..5)
+            .map(|i| thread(&format!("storm{round}-{i}")))
+            .collect();
+        let submissions = (0..300).map(|i| {
+            let key = i / 2;
+            let (thread, node) = (&threads[key % 5], &nodes[i % 3]);
+            async move {
+                let (status, body) = node
+                    .post(
+                        &format!("/v1/threads/{thread}/runs"),
+                        json!({"agent_id": "quick", "strategy": "enqueue",
+                               "idempotency_key": format!("k{key}"),
+                               "messages": [{"role": "user", "content": format!("m{key}")}]}),
+                    )
+                    .await;
+                (key, status, body)
+            }
+        });
+        let answers: Vec<(usize, u16, Value)> = futures::stream::iter(submissions)
+            .buffer_unordered(48)
+            .collect()
+            .await;
+        let mut runs: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
+        for (key, status, body) in &answers {
+            assert!(
+                *status == 202 || *status == 200,
+                "round {round}: {status} {body}"
+            );
+            runs.entry(*key)
+                .or_default()
+                .insert(body["run_id"].as_str().unwrap().to_owned());
+        }
+        assert_eq!(runs.len(), 150, "round {round}: every key got a run");
+        assert!(
+            runs.values().all(|ids| ids.len() == 1),
+            "round {round}: a key got two runs: {runs:?}"
+        );
+        // Nothing stuck: every run finishes.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let open: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM rein_runs WHERE thread_id = ANY($1) AND status <> 'finished'",
+            )
+            .bind(&threads)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if open == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: {open} runs stuck"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for t in &threads {
+            let rows: Vec<(String, Value, f64, f64)> = sqlx::query_as(
+                "SELECT run_id, record,
+                        extract(epoch FROM started_at)::float8, extract(epoch FROM finished_at)::float8
+                 FROM rein_runs WHERE thread_id = $1 ORDER BY started_at",
+            )
+            .bind(t)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            assert_eq!(
+                rows.len(),
+                30,
+                "round {round}: thread {t} has every run once"
+            );
+            for (run_id, record, _, _) in &rows {
+                assert_eq!(
+                    record["termination"]["type"], "natural_end",
+                    "round {round}: {run_id}: {record}"
+                );
+            }
+            for pair in rows.windows(2) {
+                assert!(
+                    pair[0].3 <= pair[1].2,
+                    "round {round}: runs {} and {} overlap on {t}",
+                    pair[0].0,
+                    pair[1].0
+                );
+            }
+            let (_, history) = nodes[0].get(&format!("/v1/threads/{t}/messages")).await;
+            assert_valid(&history);
+            let users: Vec<&str> = history
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["role"] == "user")
+                .map(|m| m["content"].as_str().unwrap())
+                .collect();
+            let distinct: BTreeSet<&str> = users.iter().copied().collect();
+            assert_eq!(
+                (users.len(), distinct.len()),
+                (30, 30),
+                "round {round}: each input appended once on {t}"
+            );
+        }
+    }
+}
