@@ -15,6 +15,7 @@
 //! the `*_external` ones are driven from the thread that owns the runtime
 //! (`runtime.block_on(…)`, as `#[tokio::main]`, a CLI or a test does).
 
+mod cluster;
 mod http;
 
 use std::collections::HashMap;
@@ -537,7 +538,8 @@ fn external<F: std::future::Future<Output = ()>>(rt: &tokio::runtime::Runtime, w
 /// The workloads `rein-bench` knows, in the order `cargo xtask bench` runs them.
 const USAGE: &str = "usage: rein-bench <rounds|rounds_external|rounds_policies|rounds_loops|rounds_events|concurrent|\
 cancel|cancel_pause|cancel_external|cancel_external_pause|cancel_open|mailbox|mailbox_external|\
-policies|chanting|chanting_spaces|chanting_rules|http|http_first_event|http_retention> [--tiny]";
+policies|chanting|chanting_spaces|chanting_rules|http|http_first_event|http_retention|\
+cluster_cancel|cluster_submit|cluster_submit_spread|cluster_takeover> [--tiny]";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -587,6 +589,16 @@ fn main() {
             &rt,
             http::retention(scale(100_000, 300), scale(10_000, 100)),
         ),
+        "cluster_cancel" => on_worker(&rt, cluster::cancel(scale(200, 3))),
+        "cluster_submit" => on_worker(
+            &rt,
+            cluster::submit_storm("cluster_submit", 1, scale(6000, 30), 48),
+        ),
+        "cluster_submit_spread" => on_worker(
+            &rt,
+            cluster::submit_storm("cluster_submit_spread", 64, scale(12_000, 64), 48),
+        ),
+        "cluster_takeover" => on_worker(&rt, cluster::takeover(scale(3, 1))),
         other => fail(&format!("unknown workload \"{other}\"\n{USAGE}")),
     }
     if NOT_AS_DEFINED.load(Ordering::Relaxed) {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// The workloads, in order, with their names in the table
 /// (`external`: driven from the thread that owns the runtime, not a worker).
-pub(crate) const WORKLOADS: [(&str, &str); 20] = [
+pub(crate) const WORKLOADS: [(&str, &str); 24] = [
     ("rounds", "W1"),
     ("rounds_external", "W1 external"),
     ("rounds_policies", "W1b"),
@@ -33,6 +33,10 @@ pub(crate) const WORKLOADS: [(&str, &str); 20] = [
     ("http", "W7"),
     ("http_first_event", "W7b"),
     ("http_retention", "retention after 100 000 runs"),
+    ("cluster_cancel", "W8"),
+    ("cluster_submit", "W9 one hot thread"),
+    ("cluster_submit_spread", "W9 over 64 threads"),
+    ("cluster_takeover", "W10"),
 ];
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -92,7 +96,28 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
             binary.display()
         )
     })?;
-    let result = run_all(&binary, &selected, tiny, timeout, json);
+    // The cluster workloads run real `rein serve` processes.
+    let mut envs = Vec::new();
+    if selected.iter().any(|w| w.starts_with("cluster_")) {
+        if std::env::var("REIN_DATABASE_URL").is_err() {
+            let _ = std::fs::remove_file(&binary);
+            return Err("the cluster workloads need REIN_DATABASE_URL: run `cargo xtask postgres start` and export what it prints".to_owned());
+        }
+        let rein = crate::cargo_build_executable(
+            &[
+                "--quiet",
+                "--profile",
+                profile,
+                "-p",
+                "rein-server",
+                "--bin",
+                "rein",
+            ],
+            "rein",
+        )?;
+        envs.push(("REIN_BIN".to_owned(), rein.display().to_string()));
+    }
+    let result = run_all(&binary, &envs, &selected, tiny, timeout, json);
     let _ = std::fs::remove_file(&binary);
     result
 }
@@ -100,6 +125,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
 /// Runs the selected workloads with `binary` and reports their medians.
 fn run_all(
     binary: &std::path::Path,
+    envs: &[(String, String)],
     selected: &[&str],
     tiny: bool,
     timeout: Duration,
@@ -112,7 +138,7 @@ fn run_all(
     for (order, workload) in selected.iter().enumerate() {
         for _ in 0..repeats {
             let mut cmd = Command::new(binary);
-            cmd.arg(workload);
+            cmd.arg(workload).envs(envs.iter().map(|(k, v)| (k, v)));
             if tiny {
                 cmd.arg("--tiny");
             }

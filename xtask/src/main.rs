@@ -165,7 +165,9 @@ commands:
                                        cancel cancel_pause cancel_external cancel_external_pause
                                        cancel_open mailbox mailbox_external policies chanting
                                        chanting_spaces chanting_rules http http_first_event
-                                       http_retention";
+                                       http_retention, cluster_cancel, cluster_submit,
+                                       cluster_submit_spread, cluster_takeover (these need
+                                       REIN_DATABASE_URL)";
 
 /// Runs `cargo` with `args`, failing with the command line when it fails.
 pub(crate) fn cargo(args: &[&str]) -> Result<(), String> {

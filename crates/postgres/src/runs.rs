@@ -69,7 +69,7 @@ pub struct Claimed {
 }
 
 /// A run as stored.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct StoredRun {
     /// The run.
     pub run_id: String,
@@ -434,30 +434,13 @@ impl PgRuns {
     ///
     /// The database failed.
     pub async fn run(&self, run_id: &str) -> Result<Option<StoredRun>, sqlx::Error> {
-        let row: Option<(
-            String,
-            String,
-            String,
-            String,
-            Option<Value>,
-            Option<String>,
-        )> = sqlx::query_as(
+        sqlx::query_as::<_, StoredRun>(
             "SELECT run_id, thread_id, agent_id, status, record, idempotency_key
-                 FROM rein_runs WHERE run_id = $1",
+             FROM rein_runs WHERE run_id = $1",
         )
         .bind(run_id)
         .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(
-            |(run_id, thread_id, agent_id, status, record, idempotency_key)| StoredRun {
-                run_id,
-                thread_id,
-                agent_id,
-                status,
-                record,
-                idempotency_key,
-            },
-        ))
+        .await
     }
 
     /// A run's events after `after`, in order.

@@ -966,19 +966,19 @@ impl Service {
             }
             Err(error) => tracing::debug!(%error, "could not look for work"),
         }
-        if let Some(ownership) = &self.inner.ownership {
-            if let Ok(runs) = cluster.runs.cancel_requested(&ownership.held()).await {
-                for run_id in runs {
-                    if let Some(entry) = self.inner.records.get(&run_id)
-                        && entry.driven_here()
-                    {
-                        entry.cancellation().cancel();
-                    }
+        if let Some(ownership) = &self.inner.ownership
+            && let Ok(runs) = cluster.runs.cancel_requested(&ownership.held()).await
+        {
+            for run_id in runs {
+                if let Some(entry) = self.inner.records.get(&run_id)
+                    && entry.driven_here()
+                {
+                    entry.cancellation().cancel();
                 }
             }
         }
         *sweeps += 1;
-        if *sweeps % 120 == 0 {
+        if (*sweeps).is_multiple_of(120) {
             let ttl = Duration::from_secs(self.inner.settings.retention.finished_run_ttl_seconds);
             if let Err(error) = cluster.runs.sweep(ttl).await {
                 tracing::debug!(%error, "could not drop old runs");

@@ -1,0 +1,229 @@
+//! W8, W9 and W10: three real `rein serve` processes (`REIN_BIN`, built by
+//! `cargo xtask bench`) on the PostgreSQL of `REIN_DATABASE_URL` (`cargo
+//! xtask postgres start`), driven over HTTP from this process.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use rein::serde_json::{Value, json};
+
+use crate::{emit, fail, percentile, sorted};
+
+struct Node {
+    child: Child,
+    url: String,
+}
+
+impl Node {
+    fn start(config: &std::path::Path) -> Self {
+        let bin = std::env::var("REIN_BIN").unwrap_or_else(|_| {
+            fail("REIN_BIN is not set: run the cluster workloads through `cargo xtask bench`")
+        });
+        let mut child = Command::new(bin)
+            .args(["serve", "--config"])
+            .arg(config)
+            .args(["--bind", "127.0.0.1:0"])
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| fail(&format!("cannot start rein serve: {e}")));
+        let mut line = String::new();
+        let _ = BufReader::new(child.stdout.take().unwrap_or_else(|| fail("no stdout")))
+            .read_line(&mut line);
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| fail(&format!("rein serve printed {line:?}")))
+            .to_owned();
+        Self { child, url }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The deployment: a quick agent and a slow one (a 40-word answer, 100 ms
+/// per word), with leases of `lease` seconds.
+fn config(lease: u64) -> std::path::PathBuf {
+    if std::env::var("REIN_DATABASE_URL").is_err() {
+        fail("REIN_DATABASE_URL is not set: `cargo xtask postgres start` prints it");
+    }
+    let words: Vec<String> = (1..=40).map(|i| format!("w{i}")).collect();
+    let yaml = format!(
+        "providers:\n  quick: {{ kind: scripted, responses: [\"Done.\"] }}\n  \
+         slow: {{ kind: scripted, chunk_delay_ms: 100, responses: [\"{}\"] }}\n\
+         models:\n  quick: {{ provider: quick, model: q }}\n  slow: {{ provider: slow, model: s }}\n\
+         agents:\n  - {{ id: quick, model_id: quick }}\n  - {{ id: slow, model_id: slow }}\n\
+         store: {{ postgres: {{ url_env: REIN_DATABASE_URL }} }}\n\
+         server: {{ lease_seconds: {lease} }}\n",
+        words.join(" ")
+    );
+    let path = std::env::temp_dir().join(format!("rein-bench-cluster-{}.yaml", std::process::id()));
+    std::fs::write(&path, yaml).unwrap_or_else(|e| fail(&e.to_string()));
+    path
+}
+
+fn thread(name: &str, i: usize) -> String {
+    format!("bench-{name}-{}-{i}", std::process::id())
+}
+
+async fn post(client: &reqwest::Client, url: String, body: Value) -> (u16, Value) {
+    match client.post(url).json(&body).send().await {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            (status, r.json().await.unwrap_or(Value::Null))
+        }
+        Err(e) => fail(&format!("request failed: {e}")),
+    }
+}
+
+async fn submit(
+    client: &reqwest::Client,
+    node: &Node,
+    thread: &str,
+    agent: &str,
+    strategy: &str,
+) -> (u16, Value) {
+    post(
+        client,
+        format!("{}/v1/threads/{thread}/runs", node.url),
+        json!({"agent_id": agent, "strategy": strategy,
+               "messages": [{"role": "user", "content": "go"}]}),
+    )
+    .await
+}
+
+async fn status(client: &reqwest::Client, node: &Node, run_id: &str) -> String {
+    let record: Value = match client
+        .get(format!("{}/v1/runs/{run_id}", node.url))
+        .send()
+        .await
+    {
+        Ok(r) => r.json().await.unwrap_or(Value::Null),
+        Err(e) => fail(&format!("request failed: {e}")),
+    };
+    record["status"].as_str().unwrap_or_default().to_owned()
+}
+
+/// W8: `POST /v1/threads/{id}/cancel` on one process for a run another
+/// process runs, until the answer (the run has ended and is stored).
+pub(crate) async fn cancel(runs: usize) {
+    let config = config(10);
+    let (a, b) = (Node::start(&config), Node::start(&config));
+    let client = reqwest::Client::new();
+    let mut latencies = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let t = thread("cancel", i);
+        let (_, run) = submit(&client, &a, &t, "slow", "interrupt").await;
+        let run_id = run["run_id"].as_str().unwrap_or_default().to_owned();
+        // Wait for its first word: the run is streaming on `a`.
+        let mut events = match client
+            .get(format!("{}/v1/runs/{run_id}/events", a.url))
+            .send()
+            .await
+        {
+            Ok(r) => r.bytes_stream(),
+            Err(e) => fail(&e.to_string()),
+        };
+        let mut seen = String::new();
+        while !seen.contains("text_delta") {
+            match events.next().await {
+                Some(Ok(chunk)) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => fail("the run's stream ended early"),
+            }
+        }
+        let start = Instant::now();
+        let (code, answer) = post(
+            &client,
+            format!("{}/v1/threads/{t}/cancel", b.url),
+            json!({}),
+        )
+        .await;
+        latencies.push(start.elapsed().as_secs_f64() * 1e3);
+        if code != 200 || answer != json!({"cancelled": true, "released": true}) {
+            fail(&format!("cross-process cancel answered {code} {answer}"));
+        }
+    }
+    let l = sorted(latencies);
+    emit("cluster_cancel", "p50", percentile(&l, 50.0), "ms");
+    emit("cluster_cancel", "p99", percentile(&l, 99.0), "ms");
+}
+
+/// W9: `submissions` enqueued with `clients` concurrent clients spread
+/// over three processes, into `threads` threads; submissions/s until the
+/// last 202, and how many were refused.
+pub(crate) async fn submit_storm(name: &str, threads: usize, submissions: usize, clients: usize) {
+    let config = config(10);
+    let nodes = [
+        Node::start(&config),
+        Node::start(&config),
+        Node::start(&config),
+    ];
+    let client = reqwest::Client::new();
+    let start = Instant::now();
+    let answers: Vec<u16> = futures::stream::iter(0..submissions)
+        .map(|i| {
+            let (client, node, t) = (&client, &nodes[i % 3], thread(name, i % threads));
+            async move { submit(client, node, &t, "quick", "enqueue").await.0 }
+        })
+        .buffer_unordered(clients)
+        .collect()
+        .await;
+    let elapsed = start.elapsed().as_secs_f64();
+    let refused = answers.iter().filter(|s| **s != 202).count();
+    emit(
+        name,
+        "submissions_per_s",
+        submissions as f64 / elapsed,
+        "1/s",
+    );
+    emit(name, "refused", refused as f64, "count");
+}
+
+/// W10: kill -9 of the process running a thread's run, until the run
+/// queued behind it starts on a survivor (leases of 2 s).
+pub(crate) async fn takeover(repeats: usize) {
+    let lease = 2;
+    let config = config(lease);
+    let survivor = Node::start(&config);
+    let client = reqwest::Client::new();
+    let mut gaps = Vec::with_capacity(repeats);
+    for i in 0..repeats {
+        let mut owner = Node::start(&config);
+        let t = thread("takeover", i);
+        let (_, busy) = submit(&client, &owner, &t, "slow", "interrupt").await;
+        if busy["status"] != "running" {
+            fail(&format!(
+                "the first run did not start on its process: {busy}"
+            ));
+        }
+        let (_, queued) = submit(&client, &survivor, &t, "quick", "enqueue").await;
+        let queued = queued["run_id"].as_str().unwrap_or_default().to_owned();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let killed = Instant::now();
+        let _ = owner.child.kill(); // SIGKILL, by PID
+        let _ = owner.child.wait();
+        loop {
+            if status(&client, &survivor, &queued).await != "queued" {
+                break;
+            }
+            if killed.elapsed() > Duration::from_secs(lease + 30) {
+                fail("the queued run never started after the kill");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        gaps.push(killed.elapsed().as_secs_f64() * 1e3);
+    }
+    let g = sorted(gaps);
+    emit("cluster_takeover", "p50", percentile(&g, 50.0), "ms");
+    emit("cluster_takeover", "max", percentile(&g, 100.0), "ms");
+    emit("cluster_takeover", "lease", (lease * 1000) as f64, "ms");
+}
