@@ -21,10 +21,12 @@
 //!   to cancel its run (`NOTIFY rein_cancel`, polled as the safety net);
 //!   taking a thread from a lost process ([`Leases::take_over`]) is followed
 //!   by [`PgThreadStore::repair_lost`].
+//! - [`PgRuns`] is the runs every process shares: the inbox of submissions
+//!   (idempotency keys enforced by a unique index), the run records, and each
+//!   run's events — claimed, written and finished under the same fence.
 //!
-//! This crate is the storage half of distributed mode; the service's
-//! coordination across processes (`rein-server`'s `Ownership`) builds on it.
-//! Run records, events and queues in the database are still to come.
+//! `rein-server`'s distributed mode (its `cluster` and `ownership` modules)
+//! builds on these; `docs/distributed.md` describes the protocol.
 
 mod leases;
 mod runs;
