@@ -153,8 +153,8 @@ pub(crate) async fn cancel(runs: usize) {
         }
     }
     let l = sorted(latencies);
-    emit("cluster_cancel", "p50", percentile(&l, 50.0), "ms");
-    emit("cluster_cancel", "p99", percentile(&l, 99.0), "ms");
+    emit("cluster_cancel", "p50", percentile(&l, 0.5), "ms");
+    emit("cluster_cancel", "p99", percentile(&l, 0.99), "ms");
 }
 
 /// W9: `submissions` enqueued with `clients` concurrent clients spread
@@ -223,7 +223,7 @@ pub(crate) async fn takeover(repeats: usize) {
         gaps.push(killed.elapsed().as_secs_f64() * 1e3);
     }
     let g = sorted(gaps);
-    emit("cluster_takeover", "p50", percentile(&g, 50.0), "ms");
-    emit("cluster_takeover", "max", percentile(&g, 100.0), "ms");
+    emit("cluster_takeover", "p50", percentile(&g, 0.5), "ms");
+    emit("cluster_takeover", "max", percentile(&g, 1.0), "ms");
     emit("cluster_takeover", "lease", (lease * 1000) as f64, "ms");
 }

@@ -152,6 +152,16 @@ fn unavailable(e: &sqlx::Error) -> ApiError {
     )
 }
 
+/// A run as stored: 404 `unknown_run` when there is none.
+async fn stored_run(cluster: &Cluster, run_id: &str) -> Result<rein_postgres::StoredRun, ApiError> {
+    cluster
+        .runs
+        .run(run_id)
+        .await
+        .map_err(|e| unavailable(&e))?
+        .ok_or_else(|| ApiError::unknown_run(run_id))
+}
+
 fn stored(logged: &[Arc<super::LoggedEvent>]) -> Vec<StoredEvent> {
     logged
         .iter()
@@ -210,19 +220,7 @@ impl Service {
         thread_id: &str,
         s: Submission,
     ) -> Result<Submitted, ApiError> {
-        let runtime = &self.inner.runtime;
-        let mut request = RunRequest::new(thread_id, s.messages.clone());
-        if let Some(agent) = &s.agent_id {
-            request = request.with_agent_id(agent);
-        }
-        runtime
-            .check_request(&request)
-            .await
-            .map_err(ApiError::from)?;
-        let agent_id = runtime
-            .agent_spec(s.agent_id.as_deref())
-            .map(|spec| spec.id.clone())
-            .unwrap_or_default();
+        let (_, agent_id) = self.checked_request(thread_id, &s).await?;
         let run_id = s.run_id.unwrap_or_else(|| cluster.next_run_id());
         let messages = serde_json::to_value(&s.messages)
             .map_err(|e| ApiError::new(422, "invalid_messages", e.to_string()))?;
@@ -566,12 +564,7 @@ impl Service {
         if let Some(entry) = self.inner.records.get(run_id) {
             return Ok(entry);
         }
-        let stored = cluster
-            .runs
-            .run(run_id)
-            .await
-            .map_err(|e| unavailable(&e))?
-            .ok_or_else(|| ApiError::unknown_run(run_id))?;
+        let stored = stored_run(cluster, run_id).await?;
         let status = match stored.status.as_str() {
             "queued" => RunStatus::Queued,
             "running" => RunStatus::Running,
@@ -681,12 +674,7 @@ impl Service {
             entry.cancellation().cancel();
             return Ok(true);
         }
-        let stored = cluster
-            .runs
-            .run(run_id)
-            .await
-            .map_err(|e| unavailable(&e))?
-            .ok_or_else(|| ApiError::unknown_run(run_id))?;
+        let stored = stored_run(cluster, run_id).await?;
         if stored.status == "queued" {
             let (result, record, event) = ended_without_engine(
                 run_id,

@@ -352,18 +352,7 @@ impl Service {
             }
         }
         let runtime = &self.inner.runtime;
-        let mut request = RunRequest::new(thread_id, s.messages);
-        if let Some(agent) = &s.agent_id {
-            request = request.with_agent_id(agent);
-        }
-        runtime
-            .check_request(&request)
-            .await
-            .map_err(ApiError::from)?;
-        let agent_id = runtime
-            .agent_spec(s.agent_id.as_deref())
-            .map(|spec| spec.id.clone())
-            .unwrap_or_default();
+        let (request, agent_id) = self.checked_request(thread_id, &s).await?;
         let busy = {
             let state = lane.state();
             state.active.is_some() || !state.queue.is_empty()
@@ -445,6 +434,29 @@ impl Service {
             lane.state().keys.insert(key, run_id);
         }
         Ok(Submitted::New(entry))
+    }
+
+    /// The submission as a run request, checked by the runtime (agent,
+    /// messages, thread), with the id of the agent that will run it.
+    async fn checked_request(
+        &self,
+        thread_id: &str,
+        s: &Submission,
+    ) -> Result<(RunRequest, String), ApiError> {
+        let runtime = &self.inner.runtime;
+        let mut request = RunRequest::new(thread_id, s.messages.clone());
+        if let Some(agent) = &s.agent_id {
+            request = request.with_agent_id(agent);
+        }
+        runtime
+            .check_request(&request)
+            .await
+            .map_err(ApiError::from)?;
+        let agent_id = runtime
+            .agent_spec(s.agent_id.as_deref())
+            .map(|spec| spec.id.clone())
+            .unwrap_or_default();
+        Ok((request, agent_id))
     }
 
     /// Awaits a started run, records its result, and starts the lane's
