@@ -108,12 +108,30 @@ pub struct PgRuns {
 /// while the row still has the writer's owner and fence. `$1` thread,
 /// `$2` fence, `$3` owner.
 macro_rules! fenced {
-    ($rest:literal) => {
+    ($rest:expr) => {
         concat!(
             "WITH fence AS (SELECT 1 FROM rein_threads
                  WHERE thread_id = $1 AND fence = $2 AND owner = $3 FOR SHARE),",
             $rest
         )
+    };
+}
+
+/// [`fenced!`] with the CTE `ev` that inserts a run's events (fenced):
+/// `$4` run, `$5`/`$6`/`$7` the events' numbers, types and JSON texts.
+macro_rules! fenced_events {
+    ($rest:literal) => {
+        fenced!(concat!(
+            "ev AS (
+                 INSERT INTO rein_events (run_id, seq, kind, data)
+                 SELECT $4, e.seq, e.kind, e.data
+                 FROM unnest($5::bigint[], $6::text[], $7::text[]) AS e(seq, kind, data)
+                 WHERE EXISTS (SELECT 1 FROM fence)
+                 ON CONFLICT DO NOTHING
+                 RETURNING 1
+             )",
+            $rest
+        ))
     };
 }
 
@@ -278,15 +296,8 @@ impl PgRuns {
             return Ok(false);
         };
         let (seqs, kinds, datas) = columns(events);
-        let written: i64 = sqlx::query_scalar(fenced!(
-            "ev AS (
-                 INSERT INTO rein_events (run_id, seq, kind, data)
-                 SELECT $4, e.seq, e.kind, e.data
-                 FROM unnest($5::bigint[], $6::text[], $7::text[]) AS e(seq, kind, data)
-                 WHERE EXISTS (SELECT 1 FROM fence)
-                 ON CONFLICT DO NOTHING
-                 RETURNING 1
-             )
+        let written: i64 = sqlx::query_scalar(fenced_events!(
+            "
              SELECT (SELECT count(*) FROM fence) FROM (SELECT pg_notify('rein_events', $4)) AS n"
         ))
         .bind(thread_id)
@@ -319,15 +330,8 @@ impl PgRuns {
             return Ok(false);
         };
         let (seqs, kinds, datas) = columns(events);
-        let finished: i64 = sqlx::query_scalar(fenced!(
-            "ev AS (
-                 INSERT INTO rein_events (run_id, seq, kind, data)
-                 SELECT $4, e.seq, e.kind, e.data
-                 FROM unnest($5::bigint[], $6::text[], $7::text[]) AS e(seq, kind, data)
-                 WHERE EXISTS (SELECT 1 FROM fence)
-                 ON CONFLICT DO NOTHING
-                 RETURNING 1
-             ),
+        let finished: i64 = sqlx::query_scalar(fenced_events!(
+            ",
              up AS (
                  UPDATE rein_runs SET status = 'finished', record = $8, finished_at = now()
                  WHERE run_id = $4 AND thread_id = $1 AND status <> 'finished'
