@@ -1,6 +1,10 @@
 //! W8, W9 and W10: three real `rein serve` processes (`REIN_BIN`, built by
 //! `cargo xtask bench`) on the PostgreSQL of `REIN_DATABASE_URL` (`cargo
 //! xtask postgres start`), driven over HTTP from this process.
+//!
+//! Each workload runs on a fresh database of its own (created next to
+//! `REIN_DATABASE_URL`'s, dropped at the end), so what one leaves queued
+//! cannot load the next one's measurement.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -17,7 +21,7 @@ struct Node {
 }
 
 impl Node {
-    fn start(config: &std::path::Path) -> Self {
+    fn start(config: &std::path::Path, db: &Database) -> Self {
         let bin = std::env::var("REIN_BIN").unwrap_or_else(|_| {
             fail("REIN_BIN is not set: run the cluster workloads through `cargo xtask bench`")
         });
@@ -26,6 +30,7 @@ impl Node {
             .arg(config)
             .args(["--bind", "127.0.0.1:0"])
             .env("RUST_LOG", "error")
+            .env("REIN_BENCH_DATABASE_URL", &db.url)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -50,23 +55,66 @@ impl Drop for Node {
     }
 }
 
-/// The deployment: a quick agent and a slow one (a 40-word answer, 100 ms
-/// per word), with leases of `lease` seconds.
-fn config(lease: u64) -> std::path::PathBuf {
-    if std::env::var("REIN_DATABASE_URL").is_err() {
-        fail("REIN_DATABASE_URL is not set: `cargo xtask postgres start` prints it");
+/// A database of its own for one workload.
+struct Database {
+    admin: sqlx::PgPool,
+    name: String,
+    url: String,
+}
+
+impl Database {
+    async fn create() -> Self {
+        let base = std::env::var("REIN_DATABASE_URL").unwrap_or_else(|_| {
+            fail("REIN_DATABASE_URL is not set: `cargo xtask postgres start` prints it")
+        });
+        let admin = sqlx::PgPool::connect(&base)
+            .await
+            .unwrap_or_else(|e| fail(&format!("cannot connect to REIN_DATABASE_URL: {e}")));
+        let name = format!(
+            "rein_bench_{}_{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or_default()
+        );
+        // The name is made here of letters, digits and `_`.
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&admin)
+            .await
+            .unwrap_or_else(|e| fail(&format!("cannot create the database {name}: {e}")));
+        let url = match base.rsplit_once('/') {
+            Some((server, _)) => format!("{server}/{name}"),
+            None => fail(&format!("REIN_DATABASE_URL has no database name: {base}")),
+        };
+        Self { admin, name, url }
     }
+
+    /// Drops it (the servers using it must have stopped).
+    async fn drop(self) {
+        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&self.admin)
+        .await;
+    }
+}
+
+/// The deployment on `db`: a quick agent and a slow one (a 40-word
+/// answer, 100 ms per word), with leases of `lease` seconds.
+fn config(db: &Database, lease: u64) -> std::path::PathBuf {
     let words: Vec<String> = (1..=40).map(|i| format!("w{i}")).collect();
     let yaml = format!(
         "providers:\n  quick: {{ kind: scripted, responses: [\"Done.\"] }}\n  \
          slow: {{ kind: scripted, chunk_delay_ms: 100, responses: [\"{}\"] }}\n\
          models:\n  quick: {{ provider: quick, model: q }}\n  slow: {{ provider: slow, model: s }}\n\
          agents:\n  - {{ id: quick, model_id: quick }}\n  - {{ id: slow, model_id: slow }}\n\
-         store: {{ postgres: {{ url_env: REIN_DATABASE_URL }} }}\n\
+         store: {{ postgres: {{ url_env: REIN_BENCH_DATABASE_URL }} }}\n\
          server: {{ lease_seconds: {lease} }}\n",
         words.join(" ")
     );
-    let path = std::env::temp_dir().join(format!("rein-bench-cluster-{}.yaml", std::process::id()));
+    let path = std::env::temp_dir().join(format!("{}.yaml", db.name));
     std::fs::write(&path, yaml).unwrap_or_else(|e| fail(&e.to_string()));
     path
 }
@@ -116,8 +164,9 @@ async fn status(client: &reqwest::Client, node: &Node, run_id: &str) -> String {
 /// W8: `POST /v1/threads/{id}/cancel` on one process for a run another
 /// process runs, until the answer (the run has ended and is stored).
 pub(crate) async fn cancel(runs: usize) {
-    let config = config(10);
-    let (a, b) = (Node::start(&config), Node::start(&config));
+    let db = Database::create().await;
+    let config = config(&db, 10);
+    let (a, b) = (Node::start(&config, &db), Node::start(&config, &db));
     let client = reqwest::Client::new();
     let mut latencies = Vec::with_capacity(runs);
     for i in 0..runs {
@@ -152,6 +201,8 @@ pub(crate) async fn cancel(runs: usize) {
             fail(&format!("cross-process cancel answered {code} {answer}"));
         }
     }
+    drop((a, b));
+    db.drop().await;
     let l = sorted(latencies);
     emit("cluster_cancel", "p50", percentile(&l, 0.5), "ms");
     emit("cluster_cancel", "p99", percentile(&l, 0.99), "ms");
@@ -161,11 +212,12 @@ pub(crate) async fn cancel(runs: usize) {
 /// over three processes, into `threads` threads; submissions/s until the
 /// last 202, and how many were refused.
 pub(crate) async fn submit_storm(name: &str, threads: usize, submissions: usize, clients: usize) {
-    let config = config(10);
+    let db = Database::create().await;
+    let config = config(&db, 10);
     let nodes = [
-        Node::start(&config),
-        Node::start(&config),
-        Node::start(&config),
+        Node::start(&config, &db),
+        Node::start(&config, &db),
+        Node::start(&config, &db),
     ];
     let client = reqwest::Client::new();
     let start = Instant::now();
@@ -178,6 +230,8 @@ pub(crate) async fn submit_storm(name: &str, threads: usize, submissions: usize,
         .collect()
         .await;
     let elapsed = start.elapsed().as_secs_f64();
+    drop(nodes);
+    db.drop().await;
     let refused = answers.iter().filter(|s| **s != 202).count();
     emit(
         name,
@@ -192,12 +246,13 @@ pub(crate) async fn submit_storm(name: &str, threads: usize, submissions: usize,
 /// queued behind it starts on a survivor (leases of 2 s).
 pub(crate) async fn takeover(repeats: usize) {
     let lease = 2;
-    let config = config(lease);
-    let survivor = Node::start(&config);
+    let db = Database::create().await;
+    let config = config(&db, lease);
+    let survivor = Node::start(&config, &db);
     let client = reqwest::Client::new();
     let mut gaps = Vec::with_capacity(repeats);
     for i in 0..repeats {
-        let mut owner = Node::start(&config);
+        let mut owner = Node::start(&config, &db);
         let t = thread("takeover", i);
         let (_, busy) = submit(&client, &owner, &t, "slow", "interrupt").await;
         if busy["status"] != "running" {
@@ -222,6 +277,8 @@ pub(crate) async fn takeover(repeats: usize) {
         }
         gaps.push(killed.elapsed().as_secs_f64() * 1e3);
     }
+    drop(survivor);
+    db.drop().await;
     let g = sorted(gaps);
     emit("cluster_takeover", "p50", percentile(&g, 0.5), "ms");
     emit("cluster_takeover", "max", percentile(&g, 1.0), "ms");

@@ -40,6 +40,11 @@ impl Leases {
         })
     }
 
+    /// How long a lease lasts after its last renewal.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
     /// This process's owner name.
     pub fn owner(&self) -> &str {
         &self.owner
@@ -148,8 +153,9 @@ impl Leases {
         self.taken_over.remove(thread_id).is_some()
     }
 
-    /// Gives the thread's lease up (if still ours); the next owner bumps
-    /// the fence.
+    /// Gives the thread's lease up (if still ours) and says so (`NOTIFY
+    /// rein_work`, payload `r:<thread id>`); the next owner bumps the
+    /// fence.
     ///
     /// # Errors
     ///
@@ -160,8 +166,12 @@ impl Leases {
             return Ok(());
         };
         sqlx::query(
-            "UPDATE rein_threads SET owner = NULL, lease_until = NULL
-             WHERE thread_id = $1 AND owner = $2 AND fence = $3",
+            "WITH up AS (
+                 UPDATE rein_threads SET owner = NULL, lease_until = NULL
+                 WHERE thread_id = $1 AND owner = $2 AND fence = $3
+                 RETURNING thread_id
+             )
+             SELECT pg_notify('rein_work', 'r:' || thread_id) FROM up",
         )
         .bind(thread_id)
         .bind(&self.owner)

@@ -24,10 +24,13 @@
 //! - [`PgRuns`] is the runs every process shares: the inbox of submissions
 //!   (idempotency keys enforced by a unique index), the run records, and each
 //!   run's events — claimed, written and finished under the same fence.
+//!   Submissions made at the same time in one process are group-committed
+//!   (one statement of many rows).
 //!
 //! `rein-server`'s distributed mode (its `cluster` and `ownership` modules)
 //! builds on these; `docs/distributed.md` describes the protocol.
 
+mod inbox;
 mod leases;
 mod runs;
 mod store;

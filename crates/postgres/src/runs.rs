@@ -12,16 +12,17 @@
 //!
 //! Notifications (sent at commit): `rein_work` (payload `i:<thread id>` for
 //! an `interrupt` submission, `e:<thread id>` otherwise) when a thread has a
-//! new submission; `rein_events` (a run id) when a run has
+//! new submission, and `r:<thread id>` when its owner gave it up; `rein_events` (a run id) when a run has
 //! new events or finished; `rein_cancel` (`run:<run id>`) when a running
 //! run is asked to cancel. They make things fast; polling makes them sure.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 use sqlx::postgres::PgPool;
 
 use crate::Leases;
+use crate::inbox::{Inbox, Row};
 
 /// A submission to write.
 #[derive(Debug, Clone)]
@@ -102,6 +103,7 @@ pub struct StoredEvent {
 pub struct PgRuns {
     pool: PgPool,
     leases: Arc<Leases>,
+    inbox: Arc<OnceLock<Inbox>>,
 }
 
 /// The share lock on the thread's row that fences a write: present only
@@ -138,7 +140,11 @@ macro_rules! fenced_events {
 impl PgRuns {
     /// The runs, written as `leases`' owner.
     pub fn new(pool: PgPool, leases: Arc<Leases>) -> Self {
-        Self { pool, leases }
+        Self {
+            pool,
+            leases,
+            inbox: Arc::default(),
+        }
     }
 
     /// The pool.
@@ -153,21 +159,41 @@ impl PgRuns {
 
     /// Writes a submission (`queued`) and notifies `rein_work`, unless its
     /// idempotency key was seen on the thread (or, with `reject_if_busy`,
-    /// the thread has work).
+    /// the thread has work). Submissions made at the same time are
+    /// committed together (one statement, one commit); a `reject_if_busy`
+    /// one is written alone, after looking at the thread.
     ///
     /// # Errors
     ///
     /// The database failed.
     pub async fn submit(&self, new: &NewRun<'_>) -> Result<SubmitOutcome, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
         if new.reject_if_busy {
-            // Rejecting submissions to one thread take turns, so two of
-            // them cannot both find the thread idle.
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-                .bind(new.thread_id)
-                .execute(&mut *tx)
-                .await?;
+            return self.submit_if_idle(new).await;
         }
+        let row = Row {
+            run_id: new.run_id.to_owned(),
+            thread_id: new.thread_id.to_owned(),
+            agent_id: new.agent_id.to_owned(),
+            interrupt: new.interrupt,
+            idempotency_key: new.idempotency_key.map(str::to_owned),
+            messages: new.messages.to_string(),
+        };
+        self.inbox
+            .get_or_init(|| Inbox::start(self.pool.clone()))
+            .submit(row)
+            .await
+    }
+
+    /// [`submit`](Self::submit) with `reject_if_busy`: one transaction
+    /// that takes the thread's turn, looks, and writes.
+    async fn submit_if_idle(&self, new: &NewRun<'_>) -> Result<SubmitOutcome, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        // Rejecting submissions to one thread take turns, so two of them
+        // cannot both find the thread idle.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(new.thread_id)
+            .execute(&mut *tx)
+            .await?;
         if let Some(key) = new.idempotency_key {
             let seen: Option<String> = sqlx::query_scalar(
                 "SELECT run_id FROM rein_runs WHERE thread_id = $1 AND idempotency_key = $2",
@@ -180,16 +206,14 @@ impl PgRuns {
                 return Ok(SubmitOutcome::Duplicate(run_id));
             }
         }
-        if new.reject_if_busy {
-            let busy: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM rein_runs WHERE thread_id = $1 AND status <> 'finished')",
-            )
-            .bind(new.thread_id)
-            .fetch_one(&mut *tx)
-            .await?;
-            if busy {
-                return Ok(SubmitOutcome::Busy);
-            }
+        let busy: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM rein_runs WHERE thread_id = $1 AND status <> 'finished')",
+        )
+        .bind(new.thread_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        if busy {
+            return Ok(SubmitOutcome::Busy);
         }
         let inserted = sqlx::query_scalar::<_, String>(
             "WITH ins AS (

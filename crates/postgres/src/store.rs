@@ -1,8 +1,10 @@
 //! [`PgThreadStore`]: thread histories in PostgreSQL, each write one
-//! transaction, fenced when the store belongs to a [`Leases`] holder.
+//! statement, fenced when the store belongs to a [`Leases`] holder (which
+//! then keeps the histories of the threads it holds).
 
 use std::sync::Arc;
 
+use dashmap::DashMap;
 use rein_runtime::thread_store::{ThreadStore, ThreadStoreError};
 use rein_runtime_contract::message::Message;
 use sqlx::postgres::PgPool;
@@ -12,16 +14,30 @@ use crate::Leases;
 /// A durable [`ThreadStore`]. Made with [`new`](Self::new) it writes
 /// freely (one process); made with [`fenced`](Self::fenced) it writes a
 /// thread only with a current lease on it.
+///
+/// A fenced store also keeps the histories of the threads its process
+/// holds: while the lease holds, only this process writes the thread (the
+/// fence refuses everyone else), so a history loaded or written at fence
+/// `f` is current for as long as the lease still has fence `f`. Loads of a
+/// held thread are then answered from memory; [`forget`](Self::forget)
+/// drops a thread given up.
 #[derive(Debug, Clone)]
 pub struct PgThreadStore {
     pool: PgPool,
     leases: Option<Arc<Leases>>,
+    /// Per held thread: the fence it was read or written at, and the
+    /// history then.
+    held: Arc<DashMap<String, (i64, Vec<Message>)>>,
 }
 
 impl PgThreadStore {
     /// A store that writes without ownership checks (a single process).
     pub fn new(pool: PgPool) -> Self {
-        Self { pool, leases: None }
+        Self {
+            pool,
+            leases: None,
+            held: Arc::default(),
+        }
     }
 
     /// A store whose writes need `leases` to hold the thread, checked in
@@ -30,11 +46,18 @@ impl PgThreadStore {
         Self {
             pool,
             leases: Some(leases),
+            held: Arc::default(),
         }
     }
 
-    /// One write of a thread's history, in one transaction: makes sure the
-    /// thread's row exists, locks it, checks the fence, then (with
+    /// Drops what is kept of the thread's history (its lease was given up
+    /// or lost).
+    pub fn forget(&self, thread_id: &str) {
+        self.held.remove(thread_id);
+    }
+
+    /// One write of a thread's history, in one statement: makes sure the
+    /// thread's row exists and locks it, checks the fence, then (with
     /// `replace`) drops the history and appends `messages`.
     async fn write(
         &self,
@@ -42,57 +65,73 @@ impl PgThreadStore {
         replace: bool,
         messages: &[Message],
     ) -> Result<(), WriteError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("INSERT INTO rein_threads (thread_id) VALUES ($1) ON CONFLICT DO NOTHING")
-            .bind(thread_id)
-            .execute(&mut *tx)
-            .await?;
-        let current: i64 =
-            sqlx::query_scalar("SELECT fence FROM rein_threads WHERE thread_id = $1 FOR UPDATE")
-                .bind(thread_id)
-                .fetch_one(&mut *tx)
-                .await?;
-        if let Some(leases) = &self.leases {
-            match leases.fence(thread_id) {
-                Some(held) if held == current => {}
-                Some(held) => {
-                    return Err(WriteError::Refused(format!(
-                        "fenced: this process ({}) held the thread at fence {held}, but it is now at fence {current} (another process took it over); nothing was written",
-                        leases.owner()
-                    )));
-                }
+        let fence = match &self.leases {
+            None => None,
+            Some(leases) => match leases.fence(thread_id) {
+                Some(fence) => Some(fence),
                 None => {
+                    self.forget(thread_id);
                     return Err(WriteError::Refused(format!(
                         "this process ({}) does not hold the thread's lease; nothing was written",
                         leases.owner()
                     )));
                 }
-            }
-        }
-        if replace {
-            sqlx::query("DELETE FROM rein_messages WHERE thread_id = $1")
-                .bind(thread_id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if !messages.is_empty() {
-            let json: Vec<serde_json::Value> = messages
-                .iter()
-                .map(serde_json::to_value)
-                .collect::<Result<_, _>>()
-                .map_err(|e| WriteError::Refused(format!("a message does not serialize: {e}")))?;
-            sqlx::query(
-                "INSERT INTO rein_messages (thread_id, seq, message)
+            },
+        };
+        let json: Vec<serde_json::Value> = messages
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<_, _>>()
+            .map_err(|e| WriteError::Refused(format!("a message does not serialize: {e}")))?;
+        // The upsert locks the thread's row until commit, so the fence
+        // cannot change under the write. One snapshot: with `replace`, the
+        // new rows number on from the old ones they replace.
+        let current: i64 = sqlx::query_scalar(
+            "WITH t AS (
+                 INSERT INTO rein_threads (thread_id) VALUES ($1)
+                 ON CONFLICT (thread_id) DO UPDATE SET fence = rein_threads.fence
+                 RETURNING fence
+             ),
+             ok AS (SELECT 1 FROM t WHERE $2::bigint IS NULL OR t.fence = $2),
+             del AS (
+                 DELETE FROM rein_messages WHERE $3 AND thread_id = $1 AND EXISTS (SELECT 1 FROM ok)
+             ),
+             ins AS (
+                 INSERT INTO rein_messages (thread_id, seq, message)
                  SELECT $1, base.n + m.ord, m.message
                  FROM (SELECT COALESCE(MAX(seq), 0) AS n FROM rein_messages WHERE thread_id = $1) AS base,
-                      unnest($2::jsonb[]) WITH ORDINALITY AS m(message, ord)",
-            )
-            .bind(thread_id)
-            .bind(&json)
-            .execute(&mut *tx)
-            .await?;
+                      unnest($4::jsonb[]) WITH ORDINALITY AS m(message, ord)
+                 WHERE EXISTS (SELECT 1 FROM ok)
+             )
+             SELECT fence FROM t",
+        )
+        .bind(thread_id)
+        .bind(fence)
+        .bind(replace)
+        .bind(&json)
+        .fetch_one(&self.pool)
+        .await
+        .inspect_err(|_| self.forget(thread_id))?;
+        if let (Some(held), Some(leases)) = (fence, &self.leases) {
+            if held != current {
+                self.forget(thread_id);
+                return Err(WriteError::Refused(format!(
+                    "fenced: this process ({}) held the thread at fence {held}, but it is now at fence {current} (another process took it over); nothing was written",
+                    leases.owner()
+                )));
+            }
+            if let Some(mut kept) = self.held.get_mut(thread_id) {
+                if kept.0 == held {
+                    if replace {
+                        kept.1.clear();
+                    }
+                    kept.1.extend_from_slice(messages);
+                } else {
+                    drop(kept);
+                    self.forget(thread_id);
+                }
+            }
         }
-        tx.commit().await?;
         Ok(())
     }
 
@@ -164,6 +203,13 @@ impl PgThreadStore {
 #[async_trait::async_trait]
 impl ThreadStore for PgThreadStore {
     async fn load(&self, thread_id: &str) -> Result<Vec<Message>, ThreadStoreError> {
+        let fence = self.leases.as_ref().and_then(|l| l.fence(thread_id));
+        if let Some(fence) = fence
+            && let Some(kept) = self.held.get(thread_id)
+            && kept.0 == fence
+        {
+            return Ok(kept.1.clone());
+        }
         let rows: Vec<serde_json::Value> = sqlx::query_scalar(
             "SELECT message FROM rein_messages WHERE thread_id = $1 ORDER BY seq",
         )
@@ -171,13 +217,24 @@ impl ThreadStore for PgThreadStore {
         .fetch_all(&self.pool)
         .await
         .map_err(|e| ThreadStoreError::new(thread_id, e.to_string()))?;
-        rows.into_iter()
+        let history: Vec<Message> = rows
+            .into_iter()
             .map(|row| {
                 serde_json::from_value(row).map_err(|e| {
                     ThreadStoreError::new(thread_id, format!("a stored message is unreadable: {e}"))
                 })
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        match fence {
+            // Read under the lease: nobody else writes it until it ends.
+            // (A fence taken before the read and unchanged after it.)
+            Some(fence) if self.leases.as_ref().and_then(|l| l.fence(thread_id)) == Some(fence) => {
+                self.held
+                    .insert(thread_id.to_owned(), (fence, history.clone()));
+            }
+            _ => self.forget(thread_id),
+        }
+        Ok(history)
     }
 
     async fn append(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError> {

@@ -215,6 +215,8 @@ async fn submit(
         .await?;
     let entry = submitted.entry().clone();
     if wait {
+        // The live entry (in distributed mode the answer may be a snapshot).
+        let entry = service.run(&entry.run_id).await?;
         return Ok((StatusCode::OK, Json(entry.finished().await)).into_response());
     }
     let status = match submitted {

@@ -45,7 +45,7 @@ use rein_postgres::{Claimed, NewRun, PgRuns, StoredEvent, SubmitOutcome, WRITE_R
 use tokio::sync::{Notify, broadcast};
 use tokio_util::task::TaskTracker;
 
-use super::records::{RunEntry, RunRecord, RunStatus, finished_record};
+use super::records::{Records, RunEntry, RunRecord, RunStatus, finished_record};
 use super::{ApiError, Service, Strategy, Submission, Submitted};
 
 /// How often each process looks for threads with work and no live owner,
@@ -66,6 +66,20 @@ pub(super) struct Cluster {
     /// Unique per process start: run ids made here are unique cluster-wide.
     tag: String,
     next: AtomicU64,
+    /// Threads another live process was found holding (see [`Elsewhere`]).
+    elsewhere: Mutex<HashMap<String, Elsewhere>>,
+}
+
+/// A thread another process holds, as last seen: submissions here leave
+/// it to that process (it hears of them through `NOTIFY rein_work`)
+/// instead of each trying to take the lease — until the lease would have
+/// run out, or the holder says it gave the thread up (`r:`), whereupon
+/// this process takes it if something was submitted here meanwhile.
+#[derive(Debug)]
+struct Elsewhere {
+    until: std::time::Instant,
+    /// Something was submitted here while the thread was held elsewhere.
+    pending: bool,
 }
 
 /// A thread's pump: present while this process holds the thread's lease
@@ -124,6 +138,28 @@ impl Cluster {
             drivers: TaskTracker::new(),
             tag: format!("{:08x}", hasher.finish() as u32),
             next: AtomicU64::new(1),
+            elsewhere: Mutex::default(),
+        }
+    }
+
+    fn elsewhere(&self) -> std::sync::MutexGuard<'_, HashMap<String, Elsewhere>> {
+        self.elsewhere.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether another process was seen holding the thread and its lease
+    /// may still run; if so, notes that work is pending here.
+    fn held_elsewhere(&self, thread_id: &str) -> bool {
+        let mut elsewhere = self.elsewhere();
+        match elsewhere.get_mut(thread_id) {
+            Some(e) if e.until > std::time::Instant::now() => {
+                e.pending = true;
+                true
+            }
+            Some(_) => {
+                elsewhere.remove(thread_id);
+                false
+            }
+            None => false,
         }
     }
 
@@ -154,9 +190,8 @@ fn unavailable(e: &sqlx::Error) -> ApiError {
 
 /// A run as stored: 404 `unknown_run` when there is none.
 async fn stored_run(cluster: &Cluster, run_id: &str) -> Result<rein_postgres::StoredRun, ApiError> {
-    cluster
-        .runs
-        .run(run_id)
+    // Through a database restart, like the writes.
+    retry(WRITE_RETRY, || cluster.runs.run(run_id))
         .await
         .map_err(|e| unavailable(&e))?
         .ok_or_else(|| ApiError::unknown_run(run_id))
@@ -256,14 +291,27 @@ impl Service {
             }
             Err(e) => return Err(unavailable(&e)),
         }
-        self.kick(thread_id, s.strategy == Strategy::Interrupt)
+        self.kick(thread_id, s.strategy == Strategy::Interrupt, false)
             .await;
-        Ok(Submitted::New(self.run(&run_id).await?))
+        // Started here already, or a snapshot: the answer does not follow
+        // the run (`Service::run` does, for a caller that waits).
+        let entry = self.inner.records.get(&run_id).unwrap_or_else(|| {
+            Records::detached(
+                &run_id,
+                thread_id,
+                &agent_id,
+                s.idempotency_key.clone(),
+                RunStatus::Queued,
+            )
+        });
+        Ok(Submitted::New(entry))
     }
 
     /// Makes sure the thread's work is being done: wakes its pump here, or
     /// takes the thread (if no live process holds it) and starts one.
-    async fn kick(&self, thread_id: &str, interrupt: bool) {
+    /// Unless `force`, a thread last seen held elsewhere is left to its
+    /// holder ([`Elsewhere`]).
+    async fn kick(&self, thread_id: &str, interrupt: bool, force: bool) {
         let Some(cluster) = self.cluster() else {
             return;
         };
@@ -274,6 +322,7 @@ impl Service {
             let mut pumps = cluster.pumps.lock().unwrap_or_else(|e| e.into_inner());
             match pumps.get(thread_id) {
                 Some(pump) => (pump.clone(), false),
+                None if !force && cluster.held_elsewhere(thread_id) => return,
                 None => {
                     let pump = Arc::new(Pump::default());
                     pumps.insert(thread_id.to_owned(), pump.clone());
@@ -287,8 +336,20 @@ impl Service {
                 None => Ok(false),
             };
             if !matches!(held, Ok(true)) {
-                if let Err(error) = held {
-                    tracing::warn!(%error, thread_id, "could not take the thread's lease");
+                match held {
+                    Err(error) => {
+                        tracing::warn!(%error, thread_id, "could not take the thread's lease");
+                    }
+                    Ok(_) => {
+                        let until = std::time::Instant::now() + cluster.runs.leases().lease();
+                        cluster.elsewhere().insert(
+                            thread_id.to_owned(),
+                            Elsewhere {
+                                until,
+                                pending: false,
+                            },
+                        );
+                    }
                 }
                 let mut pumps = cluster.pumps.lock().unwrap_or_else(|e| e.into_inner());
                 if pumps.get(thread_id).is_some_and(|p| Arc::ptr_eq(p, &pump)) {
@@ -296,6 +357,7 @@ impl Service {
                 }
                 return;
             }
+            cluster.elsewhere().remove(thread_id);
             self.end_lost_runs(cluster, thread_id).await;
             pump.ready.store(true, Ordering::SeqCst);
             let service = self.clone();
@@ -315,7 +377,7 @@ impl Service {
         &'a self,
         thread_id: &'a str,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
-        Box::pin(self.kick(thread_id, false))
+        Box::pin(self.kick(thread_id, false, true))
     }
 
     /// Ends the runs a previous owner left `running`: it was lost (its
@@ -562,6 +624,9 @@ impl Service {
         run_id: &str,
     ) -> Result<Arc<RunEntry>, ApiError> {
         if let Some(entry) = self.inner.records.get(run_id) {
+            if !entry.driven_here() && entry.status() != RunStatus::Finished {
+                self.start_following(cluster, &entry);
+            }
             return Ok(entry);
         }
         let stored = stored_run(cluster, run_id).await?;
@@ -581,13 +646,18 @@ impl Service {
                 status
             },
         );
+        self.start_following(cluster, &entry);
+        Ok(entry)
+    }
+
+    /// Starts copying the run into its entry, unless that is done already.
+    fn start_following(&self, cluster: &Cluster, entry: &Arc<RunEntry>) {
         if entry.start_following() {
             let service = self.clone();
-            let cluster = cluster.runs.clone();
+            let runs = cluster.runs.clone();
             let follower = entry.clone();
-            tokio::spawn(async move { service.follow(cluster, follower).await });
+            tokio::spawn(async move { service.follow(runs, follower).await });
         }
-        Ok(entry)
     }
 
     /// Copies a run another process runs into its entry here, until it
@@ -916,6 +986,20 @@ impl Service {
             }
             "rein_work" => {
                 let (interrupt, thread_id) = match payload.split_once(':') {
+                    Some(("r", thread)) => {
+                        // Given up by its holder: take it if work was
+                        // submitted here meanwhile.
+                        let pending = cluster
+                            .elsewhere()
+                            .remove(thread)
+                            .is_some_and(|e| e.pending);
+                        if pending {
+                            let service = self.clone();
+                            let thread = thread.to_owned();
+                            tokio::spawn(async move { service.kick(&thread, false, true).await });
+                        }
+                        return;
+                    }
                     Some(("i", thread)) => (true, thread),
                     Some((_, thread)) => (false, thread),
                     None => (false, payload),
@@ -948,7 +1032,7 @@ impl Service {
             Ok(threads) => {
                 for thread_id in threads {
                     if cluster.pump(&thread_id).is_none() {
-                        self.kick(&thread_id, false).await;
+                        self.kick(&thread_id, false, true).await;
                     }
                 }
             }
@@ -1016,8 +1100,20 @@ async fn write_events(
             _ = stop.cancelled() => return written,
             changed = changes.changed() => if changed.is_err() { return written },
         }
+        // Linger: a burst of events (a quick run's all of them) becomes
+        // one statement — or none, if the run ends meanwhile (its finish
+        // writes the rest).
+        tokio::select! {
+            _ = stop.cancelled() => return written,
+            _ = tokio::time::sleep(EVENT_LINGER) => {}
+        }
     }
 }
+
+/// How long a run's new events wait to be written with the ones that
+/// follow them (what a follower on another process lags at most, beyond
+/// the write itself).
+const EVENT_LINGER: Duration = Duration::from_millis(5);
 
 /// A followed run's result, from its stored record.
 fn result_of(entry: &RunEntry, record: Option<RunRecord>) -> AgentRunResult {

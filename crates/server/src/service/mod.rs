@@ -104,7 +104,9 @@ pub enum Submitted {
 }
 
 impl Submitted {
-    /// The run's entry.
+    /// The run's entry. In distributed mode a new run's entry may be a
+    /// snapshot taken at submission (the run is queued for another
+    /// process): use [`Service::run`] for one that follows the run.
     pub fn entry(&self) -> &Arc<RunEntry> {
         match self {
             Self::New(e) | Self::Duplicate(e) => e,

@@ -131,13 +131,18 @@ impl Ownership for LeaseOwnership {
     }
 
     async fn release(&self, thread_id: &str) {
+        self.store.forget(thread_id);
         if let Err(error) = self.leases.release(thread_id).await {
             tracing::warn!(%error, thread_id, "could not release the thread's lease; it expires on its own");
         }
     }
 
     async fn renew(&self) -> Result<Vec<String>, String> {
-        self.leases.renew().await.map_err(|e| e.to_string())
+        let lost = self.leases.renew().await.map_err(|e| e.to_string())?;
+        for thread_id in &lost {
+            self.store.forget(thread_id);
+        }
+        Ok(lost)
     }
 
     fn heartbeat(&self) -> std::time::Duration {

@@ -359,6 +359,18 @@ impl Records {
             .clone()
     }
 
+    /// An entry that is not kept (a snapshot for an answer: a run
+    /// submitted here that another process will run).
+    pub(super) fn detached(
+        run_id: &str,
+        thread_id: &str,
+        agent_id: &str,
+        idempotency_key: Option<String>,
+        status: RunStatus,
+    ) -> Arc<RunEntry> {
+        RunEntry::new(run_id, thread_id, agent_id, idempotency_key, status)
+    }
+
     /// A new entry (queued or running); `None` if the id is taken.
     pub(super) fn create(
         &self,
