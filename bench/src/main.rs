@@ -539,7 +539,7 @@ fn external<F: std::future::Future<Output = ()>>(rt: &tokio::runtime::Runtime, w
 const USAGE: &str = "usage: rein-bench <rounds|rounds_external|rounds_policies|rounds_loops|rounds_events|concurrent|\
 cancel|cancel_pause|cancel_external|cancel_external_pause|cancel_open|mailbox|mailbox_external|\
 policies|chanting|chanting_spaces|chanting_rules|http|http_first_event|http_retention|\
-cluster_cancel|cluster_submit|cluster_submit_spread|cluster_takeover> [--tiny]";
+cluster_cancel|cluster_submit|cluster_submit_spread|cluster_submit_spread_held|cluster_takeover> [--tiny]";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -592,11 +592,21 @@ fn main() {
         "cluster_cancel" => on_worker(&rt, cluster::cancel(scale(200, 3))),
         "cluster_submit" => on_worker(
             &rt,
-            cluster::submit_storm("cluster_submit", 1, scale(6000, 30), 48),
+            cluster::submit_storm("cluster_submit", "quick", 1, scale(6000, 30), 48),
         ),
         "cluster_submit_spread" => on_worker(
             &rt,
-            cluster::submit_storm("cluster_submit_spread", 64, scale(12_000, 64), 48),
+            cluster::submit_storm("cluster_submit_spread", "quick", 64, scale(12_000, 64), 48),
+        ),
+        "cluster_submit_spread_held" => on_worker(
+            &rt,
+            cluster::submit_storm(
+                "cluster_submit_spread_held",
+                "slow",
+                64,
+                scale(12_000, 64),
+                48,
+            ),
         ),
         "cluster_takeover" => on_worker(&rt, cluster::takeover(scale(3, 1))),
         other => fail(&format!("unknown workload \"{other}\"\n{USAGE}")),

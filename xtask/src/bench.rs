@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// The workloads, in order, with their names in the table
 /// (`external`: driven from the thread that owns the runtime, not a worker).
-pub(crate) const WORKLOADS: [(&str, &str); 24] = [
+pub(crate) const WORKLOADS: [(&str, &str); 25] = [
     ("rounds", "W1"),
     ("rounds_external", "W1 external"),
     ("rounds_policies", "W1b"),
@@ -36,6 +36,10 @@ pub(crate) const WORKLOADS: [(&str, &str); 24] = [
     ("cluster_cancel", "W8"),
     ("cluster_submit", "W9 one hot thread"),
     ("cluster_submit_spread", "W9 over 64 threads"),
+    (
+        "cluster_submit_spread_held",
+        "W9 over 64 threads, acceptance alone",
+    ),
     ("cluster_takeover", "W10"),
 ];
 

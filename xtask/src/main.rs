@@ -166,7 +166,8 @@ commands:
                                        cancel_open mailbox mailbox_external policies chanting
                                        chanting_spaces chanting_rules http http_first_event
                                        http_retention, cluster_cancel, cluster_submit,
-                                       cluster_submit_spread, cluster_takeover (these need
+                                       cluster_submit_spread, cluster_submit_spread_held,
+                                       cluster_takeover (these need
                                        REIN_DATABASE_URL)";
 
 /// Runs `cargo` with `args`, failing with the command line when it fails.

@@ -3,7 +3,8 @@
 //! Each [`PgRuns::submit`](crate::PgRuns::submit) that can be written
 //! without first looking at the thread (every strategy but `reject`) joins
 //! a queue; one task writes whatever is queued as one `INSERT` of many
-//! rows (one commit, one `NOTIFY rein_work` per thread), then answers each
+//! rows (one commit, one `NOTIFY rein_work` per thread that another
+//! process holds or nobody does), then answers each
 //! submitter. Nothing waits for a batch to fill: a lone submission is
 //! written at once, and the submissions that arrive while a statement is in
 //! flight form the next one — so under load the commits per second stay
@@ -28,6 +29,10 @@ use crate::runs::SubmitOutcome;
 /// The most rows written by one statement.
 const MAX_BATCH: usize = 512;
 
+/// How long a batch waits for more rows when submissions are arriving
+/// together (never when one comes alone).
+const LINGER: std::time::Duration = std::time::Duration::from_micros(500);
+
 /// One submission, owned (it crosses to the writer task).
 #[derive(Debug)]
 pub(crate) struct Row {
@@ -38,6 +43,9 @@ pub(crate) struct Row {
     pub idempotency_key: Option<String>,
     /// The messages' JSON text.
     pub messages: String,
+    /// Whether to tell the thread's owner (`NOTIFY rein_work`): not when
+    /// the submitting process holds the thread (it starts the run itself).
+    pub notify: bool,
 }
 
 type Reply = oneshot::Sender<Result<SubmitOutcome, sqlx::Error>>;
@@ -69,7 +77,20 @@ impl Inbox {
 
 async fn write(pool: PgPool, mut receiver: mpsc::UnboundedReceiver<(Row, Reply)>) {
     let mut batch = Vec::new();
+    let mut busy = false;
     while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        if busy && batch.len() < MAX_BATCH {
+            // Under load (the last batch was not alone), wait a moment
+            // for the submissions on their way: fewer, fuller commits.
+            tokio::time::sleep(LINGER).await;
+            while batch.len() < MAX_BATCH {
+                match receiver.try_recv() {
+                    Ok(row) => batch.push(row),
+                    Err(_) => break,
+                }
+            }
+        }
+        busy = batch.len() > 1;
         let (rows, replies): (Vec<Row>, Vec<Reply>) =
             std::mem::take(&mut batch).into_iter().unzip();
         let mut attempts = 0;
@@ -115,6 +136,7 @@ async fn insert(pool: &PgPool, rows: &[Row]) -> Result<HashSet<String>, sqlx::Er
     let column = |f: fn(&Row) -> String| rows.iter().map(f).collect::<Vec<_>>();
     let keys: Vec<Option<String>> = rows.iter().map(|r| r.idempotency_key.clone()).collect();
     let interrupts: Vec<bool> = rows.iter().map(|r| r.interrupt).collect();
+    let notify: Vec<bool> = rows.iter().map(|r| r.notify).collect();
     let inserted: Vec<String> = sqlx::query_scalar(
         "WITH input AS (
              SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::text[])
@@ -128,8 +150,10 @@ async fn insert(pool: &PgPool, rows: &[Row]) -> Result<HashSet<String>, sqlx::Er
              RETURNING run_id, thread_id, interrupt
          ),
          woken AS (
-             SELECT pg_notify('rein_work', (CASE WHEN bool_or(interrupt) THEN 'i:' ELSE 'e:' END) || thread_id)
-             FROM ins GROUP BY thread_id
+             SELECT pg_notify('rein_work', (CASE WHEN bool_or(ins.interrupt) THEN 'i:' ELSE 'e:' END) || ins.thread_id)
+             FROM ins JOIN unnest($1::text[], $7::bool[]) AS n(run_id, notify) USING (run_id)
+             WHERE n.notify
+             GROUP BY ins.thread_id
          )
          SELECT run_id FROM ins, (SELECT count(*) FROM woken) AS w",
     )
@@ -139,6 +163,7 @@ async fn insert(pool: &PgPool, rows: &[Row]) -> Result<HashSet<String>, sqlx::Er
     .bind(interrupts)
     .bind(keys)
     .bind(column(|r| r.messages.clone()))
+    .bind(notify)
     .fetch_all(pool)
     .await?;
     Ok(inserted.into_iter().collect())

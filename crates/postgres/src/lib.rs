@@ -60,6 +60,9 @@ pub async fn connect(url: &str) -> Result<PgPool, sqlx::Error> {
     let pool = PgPoolOptions::new()
         .max_connections(16)
         .acquire_timeout(Duration::from_secs(10))
+        // No ping before each use (a round trip per statement): a dead
+        // connection fails its statement, which the callers retry.
+        .test_before_acquire(false)
         .connect(url)
         .await?;
     MIGRATOR.run(&pool).await?;

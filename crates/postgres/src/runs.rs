@@ -12,8 +12,9 @@
 //!
 //! Notifications (sent at commit): `rein_work` (payload `i:<thread id>` for
 //! an `interrupt` submission, `e:<thread id>` otherwise) when a thread has a
-//! new submission, and `r:<thread id>` when its owner gave it up; `rein_events` (a run id) when a run has
-//! new events or finished; `rein_cancel` (`run:<run id>`) when a running
+//! new submission, and `r:<thread id>` when its owner gave it up;
+//! `rein_events` (`e:<run id>` when a run has new events, `f:<run id>`
+//! when it finished); `rein_cancel` (`run:<run id>`) when a running
 //! run is asked to cancel. They make things fast; polling makes them sure.
 
 use std::sync::{Arc, OnceLock};
@@ -157,9 +158,10 @@ impl PgRuns {
         &self.leases
     }
 
-    /// Writes a submission (`queued`) and notifies `rein_work`, unless its
-    /// idempotency key was seen on the thread (or, with `reject_if_busy`,
-    /// the thread has work). Submissions made at the same time are
+    /// Writes a submission (`queued`) and notifies `rein_work` (unless
+    /// this process holds the thread: its caller starts the run), unless
+    /// its idempotency key was seen on the thread (or, with
+    /// `reject_if_busy`, the thread has work). Submissions made at the same time are
     /// committed together (one statement, one commit); a `reject_if_busy`
     /// one is written alone, after looking at the thread.
     ///
@@ -177,6 +179,7 @@ impl PgRuns {
             interrupt: new.interrupt,
             idempotency_key: new.idempotency_key.map(str::to_owned),
             messages: new.messages.to_string(),
+            notify: self.fence(new.thread_id).is_none(),
         };
         self.inbox
             .get_or_init(|| Inbox::start(self.pool.clone()))
@@ -322,7 +325,7 @@ impl PgRuns {
         let (seqs, kinds, datas) = columns(events);
         let written: i64 = sqlx::query_scalar(fenced_events!(
             "
-             SELECT (SELECT count(*) FROM fence) FROM (SELECT pg_notify('rein_events', $4)) AS n"
+             SELECT (SELECT count(*) FROM fence) FROM (SELECT pg_notify('rein_events', 'e:' || $4)) AS n"
         ))
         .bind(thread_id)
         .bind(fence)
@@ -362,7 +365,8 @@ impl PgRuns {
                    AND EXISTS (SELECT 1 FROM fence)
                  RETURNING 1
              )
-             SELECT (SELECT count(*) FROM up) FROM (SELECT pg_notify('rein_events', $4)) AS n"
+             SELECT (SELECT count(*) FROM up) FROM (SELECT pg_notify('rein_events',
+                 CASE WHEN EXISTS (SELECT 1 FROM up) THEN 'f:' ELSE 'e:' END || $4)) AS n"
         ))
         .bind(thread_id)
         .bind(fence)
@@ -404,7 +408,8 @@ impl PgRuns {
                  FROM up, unnest($3::bigint[], $4::text[], $5::text[]) AS e(seq, kind, data)
                  ON CONFLICT DO NOTHING
              )
-             SELECT (SELECT count(*) FROM up) FROM (SELECT pg_notify('rein_events', $2)) AS n",
+             SELECT (SELECT count(*) FROM up) FROM (SELECT pg_notify('rein_events',
+                 CASE WHEN EXISTS (SELECT 1 FROM up) THEN 'f:' ELSE 'e:' END || $2)) AS n",
         )
         .bind(record)
         .bind(run_id)
@@ -435,6 +440,27 @@ impl PgRuns {
         )
         .bind(run_id)
         .fetch_one(&self.pool)
+        .await
+    }
+
+    /// Asks the owner of the thread's running runs to cancel them, in one
+    /// statement (as [`request_cancel`](Self::request_cancel) for each);
+    /// returns their ids.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn cancel_running(&self, thread_id: &str) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar(
+            "WITH up AS (
+                 UPDATE rein_runs SET cancel_requested = true
+                 WHERE thread_id = $1 AND status = 'running'
+                 RETURNING run_id
+             )
+             SELECT run_id FROM up, LATERAL (SELECT pg_notify('rein_cancel', 'run:' || run_id)) AS n",
+        )
+        .bind(thread_id)
+        .fetch_all(&self.pool)
         .await
     }
 

@@ -55,6 +55,10 @@ pub async fn serve(
         }
     };
     let grace = Duration::from_millis(service.settings().cancel_wait_ms) + CONNECTION_GRACE;
+    // No Nagle delay: SSE events and small answers go out at once.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = axum::serve(listener, http::router(service)).with_graceful_shutdown(signal);
     tokio::select! {
         result = server => result,

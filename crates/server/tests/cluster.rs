@@ -26,6 +26,11 @@ fn database() -> Option<String> {
     }
 }
 
+/// The database restart takes every lease's clock away for a moment (a
+/// restart longer than a lease is a take-over): it runs alone, the other
+/// tests share the database.
+static DATABASE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 fn config(lease_seconds: u64) -> PathBuf {
     let yaml = format!(
         r#"
@@ -190,6 +195,7 @@ fn assert_valid(history: &Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_submitted_on_one_process_is_streamed_from_a_second_and_cancelled_from_a_third() {
     let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
     let config = config(3);
     let (a, b, c) = (
         Node::start(&config),
@@ -251,6 +257,7 @@ async fn a_run_submitted_on_one_process_is_streamed_from_a_second_and_cancelled_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_a_busy_owner_ends_its_run_as_lost_and_a_survivor_runs_the_queue() {
     let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
     let lease = 2;
     let config = config(lease);
     let mut a = Node::start(&config);
@@ -300,6 +307,7 @@ async fn kill_9_of_a_busy_owner_ends_its_run_as_lost_and_a_survivor_runs_the_que
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_paused_past_its_lease_writes_nothing_when_it_wakes() {
     let Some(url) = database() else { return };
+    let _shared = DATABASE.read().await;
     let pool = rein_postgres::connect(&url).await.unwrap();
     let lease = 2;
     let config = config(lease);
@@ -325,11 +333,14 @@ async fn a_process_paused_past_its_lease_writes_nothing_when_it_wakes() {
     let count = |sql: &'static str, key: String| {
         let pool = pool.clone();
         async move {
-            sqlx::query_scalar::<_, i64>(sql)
-                .bind(key)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
+            // Retried: another test may be restarting the database.
+            rein_postgres::retry(Duration::from_secs(30), || {
+                sqlx::query_scalar::<_, i64>(sql)
+                    .bind(key.clone())
+                    .fetch_one(&pool)
+            })
+            .await
+            .unwrap()
         }
     };
     const EVENTS: &str = "SELECT count(*) FROM rein_events WHERE run_id = $1";
@@ -360,6 +371,7 @@ async fn a_process_paused_past_its_lease_writes_nothing_when_it_wakes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_restart_mid_run_loses_nothing() {
     let Some(_) = database() else { return };
+    let _alone = DATABASE.write().await;
     let xtask = std::env::current_exe()
         .unwrap()
         .parent()
@@ -425,6 +437,7 @@ async fn a_database_restart_mid_run_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_of_submissions_loses_none_duplicates_none_and_never_overlaps_runs() {
     let Some(url) = database() else { return };
+    let _shared = DATABASE.read().await;
     let pool = rein_postgres::connect(&url).await.unwrap();
     let config = config(3);
     let nodes = [
@@ -473,11 +486,13 @@ async fn a_storm_of_submissions_loses_none_duplicates_none_and_never_overlaps_ru
         // Nothing stuck: every run finishes.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let open: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM rein_runs WHERE thread_id = ANY($1) AND status <> 'finished'",
-            )
-            .bind(&threads)
-            .fetch_one(&pool)
+            let open: i64 = rein_postgres::retry(Duration::from_secs(30), || {
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM rein_runs WHERE thread_id = ANY($1) AND status <> 'finished'",
+                )
+                .bind(&threads)
+                .fetch_one(&pool)
+            })
             .await
             .unwrap();
             if open == 0 {
@@ -490,13 +505,15 @@ async fn a_storm_of_submissions_loses_none_duplicates_none_and_never_overlaps_ru
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         for t in &threads {
-            let rows: Vec<(String, Value, f64, f64)> = sqlx::query_as(
-                "SELECT run_id, record,
-                        extract(epoch FROM started_at)::float8, extract(epoch FROM finished_at)::float8
-                 FROM rein_runs WHERE thread_id = $1 ORDER BY started_at",
-            )
-            .bind(t)
-            .fetch_all(&pool)
+            let rows: Vec<(String, Value, f64, f64)> = rein_postgres::retry(Duration::from_secs(30), || {
+                sqlx::query_as(
+                    "SELECT run_id, record,
+                            extract(epoch FROM started_at)::float8, extract(epoch FROM finished_at)::float8
+                     FROM rein_runs WHERE thread_id = $1 ORDER BY started_at",
+                )
+                .bind(t)
+                .fetch_all(&pool)
+            })
             .await
             .unwrap();
             assert_eq!(

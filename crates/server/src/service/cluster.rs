@@ -60,14 +60,21 @@ pub const LOST_RUN: &str = "the worker running this run was lost (its process st
 pub(super) struct Cluster {
     runs: PgRuns,
     pumps: Mutex<HashMap<String, Arc<Pump>>>,
-    /// Run ids whose stored state changed (from `NOTIFY rein_events`).
-    changes: broadcast::Sender<String>,
+    /// Runs whose stored state changed (from `NOTIFY rein_events`).
+    changes: broadcast::Sender<Change>,
     drivers: TaskTracker,
     /// Unique per process start: run ids made here are unique cluster-wide.
     tag: String,
     next: AtomicU64,
     /// Threads another live process was found holding (see [`Elsewhere`]).
     elsewhere: Mutex<HashMap<String, Elsewhere>>,
+}
+
+/// A run's stored state changed: new events, or (`finished`) its record.
+#[derive(Debug, Clone)]
+struct Change {
+    run_id: String,
+    finished: bool,
 }
 
 /// A thread another process holds, as last seen: submissions here leave
@@ -718,7 +725,7 @@ impl Service {
                     _ = &mut deadline => break,
                     _ = entry.cancellation().cancelled(), if !cancel_sent => break,
                     change = changes.recv() => match change {
-                        Ok(run_id) if run_id == entry.run_id => break,
+                        Ok(change) if change.run_id == entry.run_id => break,
                         Ok(_) => {}
                         Err(broadcast::error::RecvError::Lagged(_)) => break,
                         Err(broadcast::error::RecvError::Closed) => return,
@@ -780,28 +787,42 @@ impl Service {
         thread_id: &str,
     ) -> (bool, bool) {
         let mut changes = cluster.changes.subscribe();
-        let running = match cluster.runs.running(thread_id).await {
+        let mut open = match cluster.runs.cancel_running(thread_id).await {
             Ok(running) => running,
             Err(error) => {
-                tracing::warn!(%error, thread_id, "could not read the thread's runs");
+                tracing::warn!(%error, thread_id, "could not send the cancel request");
                 return (false, false);
             }
         };
-        if running.is_empty() {
+        if open.is_empty() {
             return (false, true);
-        }
-        for (run_id, _, _) in &running {
-            if let Err(error) = cluster.runs.request_cancel(run_id).await {
-                tracing::warn!(%error, run_id, "could not send the cancel request");
-                return (false, false);
-            }
         }
         let bound = Duration::from_millis(self.inner.settings.cancel_wait_ms);
         let deadline = tokio::time::Instant::now() + bound;
-        let mut open: Vec<String> = running.into_iter().map(|(run_id, _, _)| run_id).collect();
         loop {
+            // Woken by a run's `f:` notification; on a timeout (or missed
+            // notifications) the records are read: polling as the safety net.
+            let heard =
+                tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + SCAN), async {
+                    loop {
+                        match changes.recv().await {
+                            Ok(change) if change.finished => {
+                                open.retain(|run_id| *run_id != change.run_id);
+                                if open.is_empty() {
+                                    return true;
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(_) => return false,
+                        }
+                    }
+                })
+                .await;
+            if heard == Ok(true) {
+                return (true, true);
+            }
             let mut still = Vec::new();
-            for run_id in open {
+            for run_id in std::mem::take(&mut open) {
                 match cluster.runs.run(&run_id).await {
                     Ok(Some(run)) if run.status != "finished" => still.push(run_id),
                     Err(_) => still.push(run_id),
@@ -812,18 +833,6 @@ impl Service {
                 return (true, true);
             }
             open = still;
-            // Woken by the run's `rein_events` notification, or polled.
-            let wait =
-                tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + SCAN), async {
-                    loop {
-                        match changes.recv().await {
-                            Ok(run_id) if open.contains(&run_id) => return,
-                            Ok(_) => {}
-                            Err(_) => return,
-                        }
-                    }
-                });
-            let _ = wait.await;
             if tokio::time::Instant::now() >= deadline {
                 return (true, false);
             }
@@ -982,7 +991,15 @@ impl Service {
         };
         match channel {
             "rein_events" => {
-                let _ = cluster.changes.send(payload.to_owned());
+                let (finished, run_id) = match payload.split_once(':') {
+                    Some(("f", run_id)) => (true, run_id),
+                    Some((_, run_id)) => (false, run_id),
+                    None => (false, payload),
+                };
+                let _ = cluster.changes.send(Change {
+                    run_id: run_id.to_owned(),
+                    finished,
+                });
             }
             "rein_work" => {
                 let (interrupt, thread_id) = match payload.split_once(':') {
