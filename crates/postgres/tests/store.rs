@@ -4,40 +4,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::io::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rein::prelude::*;
 use rein_postgres::{Leases, PgThreadStore, ThreadStore};
 use serde_json::json;
 
-fn url() -> Option<String> {
-    match std::env::var("REIN_DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            let _ = std::io::stderr().write_all(
-                b"PostgreSQL tests skipped: REIN_DATABASE_URL is not set (run `cargo xtask postgres start`)\n",
-            );
-            None
-        }
-    }
-}
-
-/// A thread id no other test (or earlier run) uses.
-fn thread(name: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!(
-        "{name}-{}-{nanos}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
+mod common;
+use common::{thread, url};
 
 #[tokio::test]
 async fn a_history_is_appended_in_order_replaced_and_deleted() {
