@@ -58,7 +58,8 @@ async fn submissions_made_together_with_one_key_make_one_run() {
     let first = submissions[queued[0]].0.clone();
     for outcome in &outcomes {
         assert!(
-            *outcome == SubmitOutcome::Queued || *outcome == SubmitOutcome::Duplicate(first.clone()),
+            *outcome == SubmitOutcome::Queued
+                || *outcome == SubmitOutcome::Duplicate(first.clone()),
             "{outcomes:?}"
         );
     }

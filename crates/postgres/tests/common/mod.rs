@@ -6,7 +6,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `REIN_DATABASE_URL`, or `None` (the test says it is skipped).
-pub fn url() -> Option<String> {
+pub(crate) fn url() -> Option<String> {
     match std::env::var("REIN_DATABASE_URL") {
         Ok(url) if !url.is_empty() => Some(url),
         _ => {
@@ -19,7 +19,7 @@ pub fn url() -> Option<String> {
 }
 
 /// A thread id no other test (or earlier run) uses.
-pub fn thread(name: &str) -> String {
+pub(crate) fn thread(name: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
