@@ -76,8 +76,7 @@ pub(crate) async fn run(
         )
         .await?;
     service.remember_message_ids(&input.thread_id, ids);
-    // The live entry (in distributed mode the answer may be a snapshot).
-    let entry = service.run(&submitted.entry().run_id).await?;
+    let entry = service.live(&submitted).await?;
     let translator = Translator::new(&input.thread_id, &input.run_id);
     Ok(Sse::new(stream(service, entry, translator)))
 }

@@ -215,8 +215,7 @@ async fn submit(
         .await?;
     let entry = submitted.entry().clone();
     if wait {
-        // The live entry (in distributed mode the answer may be a snapshot).
-        let entry = service.run(&entry.run_id).await?;
+        let entry = service.live(&submitted).await?;
         return Ok((StatusCode::OK, Json(entry.finished().await)).into_response());
     }
     let status = match submitted {

@@ -106,7 +106,7 @@ pub enum Submitted {
 impl Submitted {
     /// The run's entry. In distributed mode a new run's entry may be a
     /// snapshot taken at submission (the run is queued for another
-    /// process): use [`Service::run`] for one that follows the run.
+    /// process): use [`Service::live`] for one that follows the run.
     pub fn entry(&self) -> &Arc<RunEntry> {
         match self {
             Self::New(e) | Self::Duplicate(e) => e,
@@ -603,6 +603,20 @@ impl Service {
             .records
             .get(run_id)
             .ok_or_else(|| ApiError::unknown_run(run_id))
+    }
+
+    /// A submission's entry, kept up to date until the run finishes: the
+    /// entry itself in memory; in distributed mode the run's followed
+    /// entry (the submission's may be a snapshot).
+    ///
+    /// # Errors
+    ///
+    /// The run's record could not be read (distributed mode).
+    pub async fn live(&self, submitted: &Submitted) -> Result<Arc<RunEntry>, ApiError> {
+        match &self.inner.cluster {
+            Some(cluster) => self.run_shared(cluster, &submitted.entry().run_id).await,
+            None => Ok(submitted.entry().clone()),
+        }
     }
 
     /// Listens to a thread's live tail until the subscription is dropped.
