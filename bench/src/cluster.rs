@@ -101,18 +101,24 @@ impl Database {
     }
 }
 
-/// The deployment on `db`: a quick agent and a slow one (a 40-word
-/// answer, 100 ms per word), with leases of `lease` seconds.
+/// The deployment on `db`: a quick agent, a slow one (a 40-word answer,
+/// 100 ms per word) and a holding one (a 20-word answer, a word a second:
+/// it holds its thread while writing little), with leases of `lease`
+/// seconds.
 fn config(db: &Database, lease: u64) -> std::path::PathBuf {
     let words: Vec<String> = (1..=40).map(|i| format!("w{i}")).collect();
     let yaml = format!(
         "providers:\n  quick: {{ kind: scripted, responses: [\"Done.\"] }}\n  \
-         slow: {{ kind: scripted, chunk_delay_ms: 100, responses: [\"{}\"] }}\n\
-         models:\n  quick: {{ provider: quick, model: q }}\n  slow: {{ provider: slow, model: s }}\n\
-         agents:\n  - {{ id: quick, model_id: quick }}\n  - {{ id: slow, model_id: slow }}\n\
+         slow: {{ kind: scripted, chunk_delay_ms: 100, responses: [\"{}\"] }}\n  \
+         hold: {{ kind: scripted, chunk_delay_ms: 1000, responses: [\"{}\"] }}\n\
+         models:\n  quick: {{ provider: quick, model: q }}\n  slow: {{ provider: slow, model: s }}\n  \
+         hold: {{ provider: hold, model: h }}\n\
+         agents:\n  - {{ id: quick, model_id: quick }}\n  - {{ id: slow, model_id: slow }}\n  \
+         - {{ id: hold, model_id: hold }}\n\
          store: {{ postgres: {{ url_env: REIN_BENCH_DATABASE_URL }} }}\n\
          server: {{ lease_seconds: {lease} }}\n",
-        words.join(" ")
+        words.join(" "),
+        words[..20].join(" ")
     );
     let path = std::env::temp_dir().join(format!("{}.yaml", db.name));
     std::fs::write(&path, yaml).unwrap_or_else(|e| fail(&e.to_string()));
@@ -212,7 +218,7 @@ pub(crate) async fn cancel(runs: usize) {
 /// clients spread over three processes, into `threads` threads;
 /// submissions/s until the last 202, and how many were refused. With the
 /// `quick` agent the runs execute meanwhile on the same cores; with the
-/// `slow` one each thread's first run holds it for the whole storm, so
+/// `hold` one each thread's first run holds it for the whole storm, so
 /// what is measured is acceptance alone.
 pub(crate) async fn submit_storm(
     name: &str,

@@ -541,6 +541,10 @@ cancel|cancel_pause|cancel_external|cancel_external_pause|cancel_open|mailbox|ma
 policies|chanting|chanting_spaces|chanting_rules|http|http_first_event|http_retention|\
 cluster_cancel|cluster_submit|cluster_submit_spread|cluster_submit_spread_held|cluster_takeover> [--tiny]";
 
+/// W9's concurrent clients (HTTP/1.1 connections, each one submission at
+/// a time), spread over the three processes.
+const STORM_CLIENTS: usize = 128;
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let tiny = args.iter().any(|a| a == "--tiny");
@@ -592,20 +596,26 @@ fn main() {
         "cluster_cancel" => on_worker(&rt, cluster::cancel(scale(200, 3))),
         "cluster_submit" => on_worker(
             &rt,
-            cluster::submit_storm("cluster_submit", "quick", 1, scale(6000, 30), 48),
+            cluster::submit_storm("cluster_submit", "quick", 1, scale(6000, 30), STORM_CLIENTS),
         ),
         "cluster_submit_spread" => on_worker(
             &rt,
-            cluster::submit_storm("cluster_submit_spread", "quick", 64, scale(12_000, 64), 48),
+            cluster::submit_storm(
+                "cluster_submit_spread",
+                "quick",
+                64,
+                scale(12_000, 64),
+                STORM_CLIENTS,
+            ),
         ),
         "cluster_submit_spread_held" => on_worker(
             &rt,
             cluster::submit_storm(
                 "cluster_submit_spread_held",
-                "slow",
+                "hold",
                 64,
                 scale(12_000, 64),
-                48,
+                STORM_CLIENTS,
             ),
         ),
         "cluster_takeover" => on_worker(&rt, cluster::takeover(scale(3, 1))),

@@ -3,8 +3,8 @@
 //! Each [`PgRuns::submit`](crate::PgRuns::submit) that can be written
 //! without first looking at the thread (every strategy but `reject`) joins
 //! a queue; one task writes whatever is queued as one `INSERT` of many
-//! rows (one commit, one `NOTIFY rein_work` per thread that another
-//! process holds or nobody does), then answers each
+//! rows (one commit, one `NOTIFY rein_work` per thread with an
+//! `interrupt` row that this process does not hold), then answers each
 //! submitter. Nothing waits for a batch to fill: a lone submission is
 //! written at once, and the submissions that arrive while a statement is in
 //! flight form the next one — so under load the commits per second stay
@@ -43,8 +43,9 @@ pub(crate) struct Row {
     pub idempotency_key: Option<String>,
     /// The messages' JSON text.
     pub messages: String,
-    /// Whether to tell the thread's owner (`NOTIFY rein_work`): not when
-    /// the submitting process holds the thread (it starts the run itself).
+    /// Whether to tell the thread's owner (`NOTIFY rein_work`): for an
+    /// `interrupt`, when the submitting process does not hold the thread
+    /// (holding it, it starts the run itself).
     pub notify: bool,
 }
 

@@ -46,7 +46,7 @@ pub use rein_runtime::thread_store::ThreadStore;
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 /// The migrations, embedded at build time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -57,13 +57,19 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 ///
 /// The connection or a migration failed.
 pub async fn connect(url: &str) -> Result<PgPool, sqlx::Error> {
+    // Rein's statements are few and prepared once per connection; a
+    // generic plan saves re-planning the array-valued ones (the inbox's
+    // batches) on every execution.
+    let options = url
+        .parse::<PgConnectOptions>()?
+        .options([("plan_cache_mode", "force_generic_plan")]);
     let pool = PgPoolOptions::new()
         .max_connections(16)
         .acquire_timeout(Duration::from_secs(10))
         // No ping before each use (a round trip per statement): a dead
         // connection fails its statement, which the callers retry.
         .test_before_acquire(false)
-        .connect(url)
+        .connect_with(options)
         .await?;
     MIGRATOR.run(&pool).await?;
     Ok(pool)

@@ -10,9 +10,10 @@
 //! the write's own statement, so a process that lost the thread (paused
 //! past its lease, cut off) writes nothing.
 //!
-//! Notifications (sent at commit): `rein_work` (payload `i:<thread id>` for
-//! an `interrupt` submission, `e:<thread id>` otherwise) when a thread has a
-//! new submission, and `r:<thread id>` when its owner gave it up;
+//! Notifications (sent at commit): `rein_work` (payload `i:<thread id>`)
+//! when a thread another process holds has a new `interrupt` submission
+//! (`e:<thread id>` for a lone `reject` one), and `r:<thread id>` when its
+//! owner gave it up;
 //! `rein_events` (`e:<run id>` when a run has new events, `f:<run id>`
 //! when it finished); `rein_cancel` (`run:<run id>`) when a running
 //! run is asked to cancel. They make things fast; polling makes them sure.
@@ -158,8 +159,9 @@ impl PgRuns {
         &self.leases
     }
 
-    /// Writes a submission (`queued`) and notifies `rein_work` (unless
-    /// this process holds the thread: its caller starts the run), unless
+    /// Writes a submission (`queued`) and, for an `interrupt` one,
+    /// notifies `rein_work` (unless this process holds the thread: its
+    /// caller starts the run), unless
     /// its idempotency key was seen on the thread (or, with
     /// `reject_if_busy`, the thread has work). Submissions made at the same time are
     /// committed together (one statement, one commit); a `reject_if_busy`
@@ -179,7 +181,11 @@ impl PgRuns {
             interrupt: new.interrupt,
             idempotency_key: new.idempotency_key.map(str::to_owned),
             messages: new.messages.to_string(),
-            notify: self.fence(new.thread_id).is_none(),
+            // An `enqueue` waits for the thread's current run, whose
+            // holder claims the next one when it ends (and, giving the
+            // thread up, looks once more and says `r:`): only an
+            // `interrupt` has to reach a running holder at once.
+            notify: new.interrupt && self.fence(new.thread_id).is_none(),
         };
         self.inbox
             .get_or_init(|| Inbox::start(self.pool.clone()))
@@ -575,10 +581,21 @@ impl PgRuns {
     ///
     /// The database failed.
     pub async fn orphaned(&self) -> Result<Vec<String>, sqlx::Error> {
+        // A loose scan of `rein_runs_open`: one index probe per thread
+        // with work, however many runs are queued on it.
         sqlx::query_scalar(
-            "SELECT DISTINCT r.thread_id FROM rein_runs r
-             LEFT JOIN rein_threads t ON t.thread_id = r.thread_id
-             WHERE r.status <> 'finished'
+            "WITH RECURSIVE open(thread_id) AS (
+                 (SELECT thread_id FROM rein_runs WHERE status <> 'finished'
+                  ORDER BY thread_id LIMIT 1)
+                 UNION ALL
+                 SELECT (SELECT r.thread_id FROM rein_runs r
+                         WHERE r.status <> 'finished' AND r.thread_id > open.thread_id
+                         ORDER BY r.thread_id LIMIT 1)
+                 FROM open WHERE open.thread_id IS NOT NULL
+             )
+             SELECT o.thread_id FROM open o
+             LEFT JOIN rein_threads t ON t.thread_id = o.thread_id
+             WHERE o.thread_id IS NOT NULL
                AND (t.thread_id IS NULL OR t.owner IS NULL OR t.lease_until < now())
              LIMIT 256",
         )

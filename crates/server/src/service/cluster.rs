@@ -78,7 +78,8 @@ struct Change {
 }
 
 /// A thread another process holds, as last seen: submissions here leave
-/// it to that process (it hears of them through `NOTIFY rein_work`)
+/// it to that process (which claims them when its run ends; an interrupt
+/// reaches it at once through `NOTIFY rein_work`)
 /// instead of each trying to take the lease — until the lease would have
 /// run out, or the holder says it gave the thread up (`r:`), whereupon
 /// this process takes it if something was submitted here meanwhile.
