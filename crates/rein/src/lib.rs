@@ -205,6 +205,20 @@ pub mod events {
     };
 }
 
+/// Context engineering: the per-agent [`ContextPolicy`](context::ContextPolicy)
+/// and where offloaded tool results live ([`ArtifactStore`](context::ArtifactStore)).
+/// `docs/context.md` explains the model.
+pub mod context {
+    pub use rein_runtime::context::{
+        ArtifactError, ArtifactStore, Calibration, DirArtifactStore, InMemoryArtifactStore,
+        READ_ARTIFACT, ReadArtifact, tokens,
+    };
+    pub use rein_runtime_contract::context::{
+        CompactPolicy, ContextPolicy, DEFAULT_SUMMARY_PROMPT, MAX_WINDOW_TOKENS, OffloadPolicy,
+        SummarizePolicy,
+    };
+}
+
 /// Agent and model specifications.
 pub mod registry_spec {
     pub use rein_runtime_contract::spec::{AgentSpec, ModelSpec};

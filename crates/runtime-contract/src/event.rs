@@ -109,6 +109,40 @@ pub enum AgentEvent {
         /// The message's text.
         text: String,
     },
+    /// The context policy compacted what the model sees: older tool results
+    /// (or, on `offloaded`, results as they arrived) became references to
+    /// the artifact store. Token counts are estimates of the whole prompt.
+    ContextCompacted {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The prompt's estimated tokens before.
+        before_tokens: u64,
+        /// And after.
+        after_tokens: u64,
+        /// How many tool results became references.
+        references: u32,
+        /// Why: `threshold` (over `compact.at`), `overflow` (the provider
+        /// refused the prompt) or `budget` (to fit the token budget).
+        trigger: String,
+    },
+    /// The context policy replaced older rounds of what the model sees by a
+    /// summary (the stored history keeps them).
+    ContextSummarized {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The prompt's estimated tokens before.
+        before_tokens: u64,
+        /// And after.
+        after_tokens: u64,
+        /// How many messages the summary replaced.
+        messages: u32,
+        /// The tokens the summary's own inference used, when reported.
+        usage: Option<TokenUsage>,
+    },
     /// Auto mode's progress: after every round, and when it stops
     /// (`auto-run stop condition: <stop_reason>`).
     ///
@@ -167,6 +201,8 @@ impl AgentEvent {
             Self::ToolCallFinished { .. } => "tool_call_finished",
             Self::InferenceRetry { .. } => "inference_retry",
             Self::Nudge { .. } => "nudge",
+            Self::ContextCompacted { .. } => "context_compacted",
+            Self::ContextSummarized { .. } => "context_summarized",
             Self::Progress { .. } => "progress",
             Self::RunFinished { .. } => "run_finished",
         }
@@ -183,6 +219,8 @@ impl AgentEvent {
             | Self::ToolCallFinished { run_id, .. }
             | Self::InferenceRetry { run_id, .. }
             | Self::Nudge { run_id, .. }
+            | Self::ContextCompacted { run_id, .. }
+            | Self::ContextSummarized { run_id, .. }
             | Self::Progress { run_id, .. }
             | Self::RunFinished { run_id, .. } => run_id,
         }
@@ -199,6 +237,8 @@ impl AgentEvent {
             | Self::ToolCallFinished { thread_id, .. }
             | Self::InferenceRetry { thread_id, .. }
             | Self::Nudge { thread_id, .. }
+            | Self::ContextCompacted { thread_id, .. }
+            | Self::ContextSummarized { thread_id, .. }
             | Self::Progress { thread_id, .. }
             | Self::RunFinished { thread_id, .. } => thread_id,
         }

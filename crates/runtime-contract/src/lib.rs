@@ -19,6 +19,9 @@
 //!   [`CancellationToken`].
 //! - **Event sinks** ([`event`]) observe a run as it happens.
 //!
+//! A [`context`] policy says how a run keeps its prompt inside the model's
+//! window.
+//!
 //! Phases ([`phase`]) and typed per-run state keys ([`state`]) are the
 //! vocabulary of the runtime's plugin system; [`config`] loads specs from YAML.
 //!
@@ -36,6 +39,7 @@
 //! ```
 
 pub mod config;
+pub mod context;
 pub mod event;
 pub mod inference;
 pub mod lifecycle;

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::context::ContextPolicy;
 use crate::inference::ToolChoice;
 use crate::lifecycle::StopConditionSpec;
 
@@ -42,6 +43,10 @@ pub struct AgentSpec {
     /// The tool choice sent with every inference that offers tools.
     #[serde(default)]
     pub tool_choice: ToolChoice,
+    /// How runs keep the prompt inside the model's window
+    /// ([`crate::context`]); `None` sends the whole history every round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextPolicy>,
 }
 
 impl AgentSpec {
@@ -56,6 +61,7 @@ impl AgentSpec {
             plugin_ids: Vec::new(),
             stop_conditions: Vec::new(),
             tool_choice: ToolChoice::Auto,
+            context: None,
         }
     }
 
@@ -86,6 +92,12 @@ impl AgentSpec {
     /// Appends a declarative stop condition.
     pub fn with_stop_condition(mut self, spec: StopConditionSpec) -> Self {
         self.stop_conditions.push(spec);
+        self
+    }
+
+    /// Sets the context policy.
+    pub fn with_context(mut self, policy: ContextPolicy) -> Self {
+        self.context = Some(policy);
         self
     }
 

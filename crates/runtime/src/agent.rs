@@ -39,6 +39,9 @@ pub(crate) struct Agent {
     pub(crate) guard: Vec<GuardItem>,
     /// The shortest `timeout` stop condition, as a deadline for work in flight.
     pub(crate) deadline: Option<Duration>,
+    /// Context management, for agents with a context policy or a token
+    /// budget.
+    pub(crate) context: Option<Arc<crate::context::ContextSetup>>,
 }
 
 impl std::fmt::Debug for Agent {

@@ -28,6 +28,14 @@ pub const DEFAULT_CANCEL_WAIT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
+    /// An agent's context policy is invalid or names an unknown model.
+    #[error("agent \"{agent_id}\": invalid context policy: {message}")]
+    InvalidContext {
+        /// The agent.
+        agent_id: String,
+        /// What is wrong, naming the key.
+        message: String,
+    },
     /// Two agent specs share an id.
     #[error("agent id \"{agent_id}\" is registered twice; agent ids must be unique")]
     DuplicateAgent {
@@ -210,6 +218,7 @@ impl AgentRuntimeBuilder {
                 trace_content: false,
                 observers: Vec::new(),
                 extensions: HashMap::new(),
+                artifacts: Arc::new(crate::context::InMemoryArtifactStore::new()),
             },
         }
     }
@@ -259,6 +268,13 @@ impl AgentRuntimeBuilder {
     /// wait for a cancelled run to release its thread (default 5 s).
     pub fn with_cancel_wait_timeout(mut self, timeout: Duration) -> Self {
         self.config.cancel_wait = timeout;
+        self
+    }
+
+    /// Sets where offloaded tool results are kept (agents with a context
+    /// policy that offloads or compacts); default in memory.
+    pub fn with_artifact_store(mut self, store: Arc<dyn crate::context::ArtifactStore>) -> Self {
+        self.config.artifacts = store;
         self
     }
 
@@ -363,6 +379,8 @@ impl AgentRuntimeBuilder {
         }
 
         let mut agents = HashMap::new();
+        // One calibration per model, shared by the agents that use it.
+        let mut calibrations: HashMap<String, Arc<crate::context::Calibration>> = HashMap::new();
         for spec in self.agents {
             if agents.contains_key(&spec.id) {
                 return Err(BuildError::DuplicateAgent { agent_id: spec.id });
@@ -428,6 +446,38 @@ impl AgentRuntimeBuilder {
                 descriptors.push(descriptor);
                 tools.insert(name, tool);
             }
+            if let Some(policy) = &spec.context {
+                policy
+                    .validate()
+                    .map_err(|message| BuildError::InvalidContext {
+                        agent_id: spec.id.clone(),
+                        message,
+                    })?;
+                if policy.uses_artifacts() {
+                    let name = crate::context::READ_ARTIFACT.to_owned();
+                    if let Some(first) = sources.get(&name) {
+                        return Err(BuildError::DuplicateTool {
+                            name,
+                            first: first.clone(),
+                            second: "the context policy".to_owned(),
+                        });
+                    }
+                    let tool: Arc<dyn Tool> = Arc::new(crate::context::ReadArtifact::new(
+                        self.config.artifacts.clone(),
+                    ));
+                    descriptors.push(tool.descriptor());
+                    tools.insert(name, tool);
+                }
+            }
+            let context = context_setup(
+                &spec,
+                model,
+                &executor,
+                &models,
+                &providers,
+                &self.config.artifacts,
+                &mut calibrations,
+            )?;
             let mut hooks: [Vec<_>; 8] = Default::default();
             for (phase, entry) in registrar.hooks.drain(..) {
                 hooks[phase.index()].push(entry);
@@ -440,6 +490,7 @@ impl AgentRuntimeBuilder {
                 tools,
                 descriptors,
                 hooks,
+                context,
                 keys: std::mem::take(&mut registrar.keys),
                 spec,
             };
@@ -447,6 +498,69 @@ impl AgentRuntimeBuilder {
         }
         Ok(AgentRuntime::new(agents, self.config))
     }
+}
+
+/// The context setup of an agent with a context policy or a token budget
+/// (`None` for the others: their runs measure nothing).
+fn context_setup(
+    spec: &AgentSpec,
+    model: &ModelSpec,
+    executor: &Arc<dyn LlmExecutor>,
+    models: &HashMap<&str, &ModelSpec>,
+    providers: &HashMap<&str, Arc<dyn LlmExecutor>>,
+    artifacts: &Arc<dyn crate::context::ArtifactStore>,
+    calibrations: &mut HashMap<String, Arc<crate::context::Calibration>>,
+) -> Result<Option<Arc<crate::context::ContextSetup>>, BuildError> {
+    use rein_runtime_contract::lifecycle::StopConditionSpec;
+    let budget = spec
+        .stop_conditions
+        .iter()
+        .filter_map(|c| match c {
+            StopConditionSpec::TokenBudget { max_total } if *max_total > 0 => {
+                Some(*max_total as u64)
+            }
+            _ => None,
+        })
+        .min();
+    let policy = spec.context.clone();
+    if policy.is_none() && budget.is_none() {
+        return Ok(None);
+    }
+    let summarizer = match policy.as_ref().and_then(|p| p.summarize.as_ref()) {
+        None => None,
+        Some(s) => match &s.model_id {
+            None => Some((model.clone(), executor.clone())),
+            Some(id) => {
+                let m = models.get(id.as_str()).ok_or_else(|| BuildError::InvalidContext {
+                    agent_id: spec.id.clone(),
+                    message: format!(
+                        "summarize.model_id \"{id}\" is not a registered model; registered: {}",
+                        list(models.keys().copied())
+                    ),
+                })?;
+                let e = providers.get(m.provider_id.as_str()).ok_or_else(|| {
+                    BuildError::UnknownProvider {
+                        model_id: m.id.clone(),
+                        provider_id: m.provider_id.clone(),
+                        known: list(providers.keys().copied()),
+                    }
+                })?;
+                Some(((*m).clone(), e.clone()))
+            }
+        },
+    };
+    let reserve = policy
+        .as_ref()
+        .map_or(0, |p| p.reserve_output_tokens)
+        .max(model.max_output_tokens.map_or(0, u64::from));
+    Ok(Some(Arc::new(crate::context::ContextSetup {
+        policy,
+        artifacts: artifacts.clone(),
+        calibration: calibrations.entry(model.id.clone()).or_default().clone(),
+        budget,
+        reserve,
+        summarizer,
+    })))
 }
 
 fn unique<T: Clone>(

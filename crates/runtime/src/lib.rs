@@ -27,6 +27,7 @@ mod agent;
 mod agent_loop;
 pub mod auto;
 mod builder;
+pub mod context;
 pub mod detectors;
 mod extensions;
 pub mod history;

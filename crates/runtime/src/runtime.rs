@@ -131,6 +131,7 @@ pub(crate) struct RuntimeConfig {
     pub(crate) trace_content: bool,
     pub(crate) observers: Vec<Arc<dyn RunObserver>>,
     pub(crate) extensions: HashMap<std::any::TypeId, Box<dyn Any + Send + Sync>>,
+    pub(crate) artifacts: Arc<dyn crate::context::ArtifactStore>,
 }
 
 /// The settings runs read (everything of [`RuntimeConfig`] but what moves
@@ -141,6 +142,7 @@ pub(crate) struct RunConfig {
     pub(crate) cancel_wait: Duration,
     pub(crate) backoff: RetryBackoff,
     pub(crate) trace_content: bool,
+    pub(crate) artifacts: Arc<dyn crate::context::ArtifactStore>,
 }
 
 pub(crate) struct Inner {
@@ -466,6 +468,7 @@ impl AgentRuntime {
             trace_content,
             observers,
             extensions,
+            artifacts,
         } = config;
         Self {
             inner: Arc::new(Inner {
@@ -477,6 +480,7 @@ impl AgentRuntime {
                     cancel_wait,
                     backoff,
                     trace_content,
+                    artifacts,
                 },
                 root: CancellationToken::new(),
                 shut_down: AtomicBool::new(false),
@@ -731,6 +735,11 @@ impl AgentRuntime {
                 thread_id: thread_id.to_owned(),
                 message: e.message,
             })?;
+        // Offloaded tool results go with the history; a failure here
+        // leaves unreachable artifacts, not a half-deleted thread.
+        if let Err(error) = self.inner.config.artifacts.delete_thread(thread_id).await {
+            tracing::warn!(%error, thread_id, "could not delete the thread's artifacts");
+        }
         self.inner.observers.thread_deleted(thread_id);
         Ok(())
     }

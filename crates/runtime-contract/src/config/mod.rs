@@ -545,6 +545,7 @@ pub const AGENT_SPEC_KEYS: &[&str] = &[
     "plugin_ids",
     "stop_conditions",
     "tool_choice",
+    "context",
 ];
 
 /// Deserializes an agent spec that is one item of a larger YAML document
@@ -620,6 +621,7 @@ impl<'de> Visitor<'de> for AgentSpecVisitor<'_> {
                     spec.stop_conditions = map.next_value_seed(ListSeed { kinds: self.kinds })?;
                 }
                 "tool_choice" => spec.tool_choice = map.next_value::<ToolChoice>()?,
+                "context" => spec.context = Some(map.next_value()?),
                 other => extra.push((other, map.next_value::<serde_yaml::Value>()?)),
             }
         }

@@ -1,0 +1,399 @@
+//! The context policy, seen through the requests the model gets: what is
+//! offloaded, compacted and summarized and when, calls and results kept in
+//! pairs, the prefix stable between compactions, recovery from a
+//! context-length error, and a token budget that refuses a call before it
+//! is made.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::{assert_history_valid, builder_with, spec, user};
+use rein::context::{ContextPolicy, SummarizePolicy};
+use rein::contract::event::AgentEvent;
+use rein::contract::inference::{InferenceError, InferenceErrorKind, InferenceRequest};
+use rein::prelude::*;
+use rein::thread_store::{InMemoryThreadStore, ThreadStore};
+use serde_json::{Value, json};
+
+/// Returns `lines` numbered lines of about 40 characters.
+struct Big(usize);
+
+#[async_trait::async_trait]
+impl Tool for Big {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("big", "returns a long listing")
+    }
+    async fn execute(&self, _args: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        let text: Vec<String> = (1..=self.0)
+            .map(|i| format!("line {i:04}: the quick brown fox {}", i * 7))
+            .collect();
+        Ok(ToolOutput::text(text.join("\n")))
+    }
+}
+
+type Seen = Arc<Mutex<Vec<InferenceRequest>>>;
+
+/// An executor that records every request and answers with `answer(n,
+/// request)`, `n` counting the agent's own requests from 0.
+fn recording(
+    answer: impl Fn(usize, &InferenceRequest) -> ScriptedResponse + Send + Sync + 'static,
+) -> (ScriptedExecutor, Seen) {
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    let executor = ScriptedExecutor::from_fn(move |request| {
+        let mut log = log.lock().unwrap();
+        log.push(request.clone());
+        let n = log.len() - 1;
+        drop(log);
+        answer(n, request)
+    });
+    (executor, seen)
+}
+
+fn is_reference(m: &Message) -> bool {
+    m.role == Role::Tool && m.content.starts_with("[tool result offloaded to artifact")
+}
+
+async fn run(
+    executor: ScriptedExecutor,
+    agent: AgentSpec,
+    store: Arc<InMemoryThreadStore>,
+) -> (AgentRunResult, Vec<AgentEvent>) {
+    let sink = Arc::new(CollectingSink::new());
+    let runtime = builder_with(executor, agent)
+        .with_tool("big", Arc::new(Big(200)))
+        .with_thread_store(store)
+        .build()
+        .unwrap();
+    let result = runtime.run(user("t", "go"), sink.clone()).await.unwrap();
+    (result, sink.events())
+}
+
+#[tokio::test]
+async fn a_large_result_reaches_the_model_as_a_reference_the_store_keeps_it_whole_and_read_artifact_reads_it()
+ {
+    let (executor, seen) = recording(|n, request| match n {
+        0 => ScriptedResponse::tool_call("big", json!({})),
+        1 => {
+            let id = request
+                .messages
+                .iter()
+                .find(|m| is_reference(m))
+                .and_then(|m| m.tool_call_id.clone())
+                .unwrap_or_default();
+            ScriptedResponse::tool_call(
+                "read_artifact",
+                json!({"id": id, "contains": "line 01", "start_line": 100}),
+            )
+        }
+        _ => ScriptedResponse::text("done"),
+    });
+    let policy = ContextPolicy::new(100_000).with_offload(200);
+    let store = Arc::new(InMemoryThreadStore::new());
+    let (result, _) = run(executor, spec().with_context(policy), store.clone()).await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+
+    let seen = seen.lock().unwrap();
+    assert!(
+        seen[0].tools.iter().any(|t| t.name == "read_artifact"),
+        "the agent gets read_artifact"
+    );
+    let reference = seen[1].messages.last().unwrap();
+    assert!(is_reference(reference), "{reference:?}");
+    assert!(reference.content.contains("200 lines"), "{}", reference.content);
+    assert!(reference.content.contains("line 0001"), "a preview: {}", reference.content);
+    assert!(reference.content.len() < 800, "{}", reference.content.len());
+
+    // The model's read: lines 100.. containing "line 01" (100-199).
+    let read = &seen[2].messages.last().unwrap().content;
+    assert!(read.contains("100: line 0100"), "{read}");
+    assert!(read.contains("199: line 0199"), "{read}");
+    assert!(!read.contains("line 0099") && !read.contains("line 0200"), "{read}");
+
+    // The stored history keeps the full result.
+    let history = store.load("t").await.unwrap();
+    let full = history
+        .iter()
+        .find(|m| m.role == Role::Tool && m.content.starts_with("line 0001"))
+        .expect("the full result is stored");
+    assert_eq!(full.content.lines().count(), 200);
+    assert_history_valid(&history);
+}
+
+#[tokio::test]
+async fn over_compact_at_older_results_become_references_in_one_batch_and_pairs_stay_intact() {
+    // Each `big` result is ~8 000 characters (~2 000 tokens at first).
+    let (executor, seen) = recording(|n, _| {
+        if n < 5 {
+            ScriptedResponse::tool_call("big", json!({"n": n}))
+        } else {
+            ScriptedResponse::text("done")
+        }
+    });
+    let policy = ContextPolicy::new(12_000).with_compact(0.5, 1);
+    let store = Arc::new(InMemoryThreadStore::new());
+    let (result, events) = run(executor, spec().with_context(policy), store.clone()).await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+
+    let compactions: Vec<(u64, u64, u32)> = events
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::ContextCompacted {
+                before_tokens,
+                after_tokens,
+                references,
+                trigger,
+                ..
+            } => {
+                assert_eq!(trigger, "threshold");
+                Some((*before_tokens, *after_tokens, *references))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(!compactions.is_empty(), "compaction happened");
+    for (before, after, references) in &compactions {
+        assert!(before > after && *references > 0, "{compactions:?}");
+        assert!(*before as f64 > 0.5 * 12_000.0, "only over the threshold");
+    }
+
+    let seen = seen.lock().unwrap();
+    for (i, request) in seen.iter().enumerate() {
+        assert_history_valid(&request.messages);
+        // The last round's result is never a reference.
+        let last_tool = request.messages.iter().rposition(|m| m.role == Role::Tool);
+        if let Some(last) = last_tool {
+            assert!(!is_reference(&request.messages[last]), "request {i}");
+        }
+    }
+    // Between compactions the prefix is unchanged: each request extends
+    // the one before, except where a compaction rewrote it.
+    let rewrites = seen
+        .windows(2)
+        .filter(|w| !w[1].messages.starts_with(&w[0].messages))
+        .count();
+    assert_eq!(rewrites, compactions.len(), "one rewrite per compaction");
+    // The last request is back under the threshold.
+    let last = seen.last().unwrap();
+    assert!(last.messages.iter().any(is_reference));
+    assert_eq!(last.system, seen[0].system);
+    assert_eq!(last.tools, seen[0].tools);
+
+    // The store has every result in full.
+    let history = store.load("t").await.unwrap();
+    assert_eq!(
+        history
+            .iter()
+            .filter(|m| m.role == Role::Tool && m.content.starts_with("line 0001"))
+            .count(),
+        5
+    );
+}
+
+#[tokio::test]
+async fn over_summarize_at_older_rounds_are_replaced_by_a_summary_counted_in_usage() {
+    const SUMMARY: &str = "SUMMARY: five listings were read.";
+    let long_thought = "thinking ".repeat(600); // ~5 400 characters
+    let (executor, seen) = recording(move |n, request| {
+        if request.system.as_deref() == Some(rein::context::DEFAULT_SUMMARY_PROMPT) {
+            return ScriptedResponse::text(SUMMARY).with_usage(500, 20);
+        }
+        if n < 6 {
+            // No usage reported: the estimate stays uncalibrated, so the
+            // thresholds are crossed where the test expects.
+            ScriptedResponse::text(long_thought.clone()).with_tool_call("big", json!({"n": n}))
+        } else {
+            ScriptedResponse::text("done")
+        }
+    });
+    let policy = ContextPolicy::new(10_000)
+        .with_offload(100)
+        .with_compact(0.5, 1)
+        .with_summarize(SummarizePolicy::new(0.6));
+    let store = Arc::new(InMemoryThreadStore::new());
+    let (result, events) = run(executor, spec().with_context(policy), store.clone()).await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+
+    let summaries: Vec<&AgentEvent> = events
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::ContextSummarized { .. }))
+        .collect();
+    assert!(!summaries.is_empty(), "a summary was written");
+    if let AgentEvent::ContextSummarized {
+        before_tokens,
+        after_tokens,
+        usage,
+        messages,
+        ..
+    } = summaries[0]
+    {
+        assert!(before_tokens > after_tokens);
+        assert!(*messages >= 2);
+        assert_eq!(*usage, Some(TokenUsage::new(500, 20)));
+    }
+    assert!(result.usage.input_tokens >= 500, "the summary's usage counts");
+    assert_eq!(summaries.len(), 1, "one summary; later rounds fit");
+
+    let seen = seen.lock().unwrap();
+    let agent_requests: Vec<&InferenceRequest> = seen
+        .iter()
+        .filter(|r| r.system.as_deref() != Some(rein::context::DEFAULT_SUMMARY_PROMPT))
+        .collect();
+    let last = agent_requests.last().unwrap();
+    assert!(
+        last.messages[0].content.contains(SUMMARY),
+        "{:?}",
+        last.messages[0]
+    );
+    assert_history_valid(&last.messages);
+    // The stored history has every round, not the summary.
+    let history = store.load("t").await.unwrap();
+    assert!(history.iter().all(|m| !m.content.contains(SUMMARY)));
+    assert_eq!(
+        history.iter().filter(|m| m.role == Role::Tool).count(),
+        agent_requests.len() - 1,
+        "every round's result is stored"
+    );
+}
+
+#[tokio::test]
+async fn a_context_length_error_is_answered_by_compacting_and_one_retry() {
+    // The "provider" refuses any prompt holding two whole listings.
+    let (executor, seen) = recording(|n, request| {
+        let whole = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Tool && m.content.starts_with("line 0001"))
+            .count();
+        if whole >= 2 {
+            return ScriptedResponse::error(InferenceError::new(
+                InferenceErrorKind::ContextOverflow,
+                "prompt is too long",
+            ));
+        }
+        if n < 3 {
+            ScriptedResponse::tool_call("big", json!({"n": n}))
+        } else {
+            ScriptedResponse::text("done")
+        }
+    });
+    let policy = ContextPolicy::new(1_000_000).with_compact(0.9, 3);
+    let store = Arc::new(InMemoryThreadStore::new());
+    let (result, events) = run(executor, spec().with_context(policy), store).await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    assert!(events.iter().any(|e| matches!(
+        e,
+        AgentEvent::ContextCompacted { trigger, .. } if trigger == "overflow"
+    )));
+    let seen = seen.lock().unwrap();
+    let refused = seen
+        .iter()
+        .filter(|r| {
+            r.messages
+                .iter()
+                .filter(|m| m.role == Role::Tool && m.content.starts_with("line 0001"))
+                .count()
+                >= 2
+        })
+        .count();
+    assert_eq!(refused, 1, "one refused attempt; every later prompt fits");
+}
+
+#[tokio::test]
+async fn an_overflow_that_cannot_be_reduced_stops_with_context_window_and_the_numbers() {
+    let executor = ScriptedExecutor::new(vec![ScriptedResponse::error(InferenceError::new(
+        InferenceErrorKind::ContextOverflow,
+        "prompt is too long: 9000 tokens > 4096 maximum",
+    ))])
+    .repeat_last();
+    let policy = ContextPolicy::new(4096).with_compact(0.7, 2);
+    let (result, _) = run(
+        executor,
+        spec().with_context(policy),
+        Arc::new(InMemoryThreadStore::new()),
+    )
+    .await;
+    match &result.termination {
+        TerminationReason::Stopped(r) => {
+            assert_eq!(r.code, "context_window");
+            assert!(r.detail.contains("a window of 4096 tokens"), "{}", r.detail);
+            assert!(r.detail.contains("9000 tokens > 4096"), "{}", r.detail);
+        }
+        other => panic!("expected context_window, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_token_budget_refuses_the_call_that_would_exceed_it_before_it_is_made() {
+    let (executor, seen) = recording(|n, _| {
+        if n == 0 {
+            ScriptedResponse::tool_call("big", json!({})).with_usage(100, 10)
+        } else {
+            ScriptedResponse::text("done").with_usage(100, 10)
+        }
+    });
+    let agent = spec().with_stop_condition(StopConditionSpec::TokenBudget { max_total: 1_000 });
+    let (result, _) = run(executor, agent, Arc::new(InMemoryThreadStore::new())).await;
+    match &result.termination {
+        TerminationReason::Stopped(r) => {
+            assert_eq!(r.code, "token_budget");
+            assert!(r.detail.contains("was not sent"), "{}", r.detail);
+            assert!(r.detail.contains("890 of the 1000-token budget remain"), "{}", r.detail);
+            assert!(r.detail.contains("exceed the budget by about"), "{}", r.detail);
+        }
+        other => panic!("expected token_budget, got {other:?}"),
+    }
+    assert_eq!(seen.lock().unwrap().len(), 1, "no call was made over the budget");
+    assert_eq!(result.usage.total(), 110, "no overshoot");
+}
+
+#[tokio::test]
+async fn without_a_policy_the_model_sees_the_history_itself() {
+    let (executor, seen) = recording(|n, _| {
+        if n == 0 {
+            ScriptedResponse::tool_call("big", json!({}))
+        } else {
+            ScriptedResponse::text("done")
+        }
+    });
+    let (result, _) = run(executor, spec(), Arc::new(InMemoryThreadStore::new())).await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    let seen = seen.lock().unwrap();
+    assert!(seen[0].tools.iter().all(|t| t.name != "read_artifact"));
+    assert_eq!(seen[1].messages.last().unwrap().content.lines().count(), 200);
+}
+
+#[test]
+fn a_bad_context_value_is_reported_at_its_line_and_column() {
+    let e = rein::config::load_agent_spec_yaml(
+        "id: a\nmodel_id: m\ncontext:\n  window_tokens: 4096\n  compact: { at: 1.5 }\n",
+    )
+    .unwrap_err();
+    assert_eq!((e.line(), e.column()), (Some(5), Some(18)), "{e}");
+    assert!(e.message().contains("1.5 is out of range"), "{e}");
+    let e = rein::config::load_agent_spec_yaml(
+        "id: a\ncontext:\n  window_tokens: 4096\n  offlaod: { min_tokens: 10 }\n",
+    )
+    .unwrap_err();
+    assert!(e.message().contains("unknown field `offlaod`"), "{e}");
+    assert_eq!(e.line(), Some(4), "{e}");
+}
+
+#[test]
+fn an_unknown_summary_model_is_a_build_error_naming_it() {
+    let policy = ContextPolicy::new(4096)
+        .with_summarize(SummarizePolicy::new(0.8).with_model_id("tiny"));
+    let err = builder_with(
+        ScriptedExecutor::new(vec![]),
+        spec().with_context(policy),
+    )
+    .build()
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("summarize.model_id \"tiny\" is not a registered model"),
+        "{err}"
+    );
+}

@@ -1,0 +1,430 @@
+//! Context engineering: what the model sees of a thread, kept inside its
+//! window (the agent's [`ContextPolicy`]).
+//!
+//! # Two views of one history
+//!
+//! The **stored history** (the run's `request.messages`, what the
+//! `ThreadStore` keeps and hooks see) always holds every message in full.
+//! With a policy that offloads, compacts or summarizes, a run also keeps a
+//! **model view** — its own `InferenceRequest`, built from the history as it
+//! grows — and sends that instead:
+//!
+//! 1. a tool result over `offload.min_tokens` enters the view as a reference
+//!    (artifact id, size, preview) and its text goes to the [`ArtifactStore`];
+//! 2. over `compact.at` of the usable window, every tool result before the
+//!    last `keep_last_rounds` rounds becomes a reference, all in one go;
+//! 3. still over `summarize.at`, the rounds before the last
+//!    `keep_last_rounds` are replaced by one summary message.
+//!
+//! Nothing ever removes a tool call or separates it from its result, the
+//! system prompt and the tool list are never touched, and older messages
+//! change only in those batches, so the prefix a provider caches stays the
+//! same between them.
+//!
+//! Before each inference the prompt's tokens are estimated ([`tokens`]);
+//! a `token_budget` refuses the call that would exceed what remains.
+//!
+//! **Invariant:** without a context policy and without a `token_budget`, a
+//! run has no `ContextWindow` and sends its history as before.
+
+pub mod artifacts;
+mod read_artifact;
+pub mod tokens;
+
+pub use artifacts::{ArtifactError, ArtifactStore, DirArtifactStore, InMemoryArtifactStore};
+pub use read_artifact::{READ_ARTIFACT, ReadArtifact};
+pub use tokens::Calibration;
+
+use std::sync::Arc;
+
+use rein_runtime_contract::context::ContextPolicy;
+use rein_runtime_contract::inference::{InferenceRequest, LlmExecutor};
+use rein_runtime_contract::message::{Message, Role};
+use rein_runtime_contract::spec::ModelSpec;
+
+/// What an agent's runs share for context management (built by the
+/// builder when the agent has a context policy or a token budget).
+pub(crate) struct ContextSetup {
+    pub(crate) policy: Option<ContextPolicy>,
+    pub(crate) artifacts: Arc<dyn ArtifactStore>,
+    pub(crate) calibration: Arc<Calibration>,
+    /// The smallest `token_budget`'s `max_total`, if any.
+    pub(crate) budget: Option<u64>,
+    /// Output tokens kept free: the policy's reserve or the model's
+    /// `max_output_tokens`, whichever is larger.
+    pub(crate) reserve: u64,
+    /// The model and executor that write summaries.
+    pub(crate) summarizer: Option<(ModelSpec, Arc<dyn LlmExecutor>)>,
+}
+
+impl std::fmt::Debug for ContextSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContextSetup")
+            .field("policy", &self.policy)
+            .field("budget", &self.budget)
+            .field("reserve", &self.reserve)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Per view message: its size, and whether it is a reference already.
+#[derive(Debug, Clone, Copy)]
+struct Meta {
+    chars: u64,
+    reference: bool,
+}
+
+/// A compaction or summary that changed the view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Change {
+    pub(crate) before: u64,
+    pub(crate) after: u64,
+    /// Tool results turned into references, or messages summarized.
+    pub(crate) count: u32,
+}
+
+/// The rounds a summary is to replace.
+pub(crate) struct SummaryPlan {
+    /// View messages `..boundary` are summarized.
+    pub(crate) boundary: usize,
+    /// Them, as a transcript.
+    pub(crate) transcript: String,
+}
+
+/// One run's context state. See the [module docs](self).
+pub(crate) struct ContextWindow {
+    pub(crate) setup: Arc<ContextSetup>,
+    thread_id: String,
+    /// The model view, when the policy transforms the history.
+    view: Option<InferenceRequest>,
+    meta: Vec<Meta>,
+    /// History messages reflected so far.
+    synced: usize,
+    /// Characters and messages of what the model sees, without `fixed`.
+    chars: u64,
+    /// The system prompt's and tool list's characters.
+    fixed: u64,
+    /// What the last prompt sent measured (for calibration).
+    sent: (u64, u64),
+    /// Calls of `read_artifact` seen: their results are never offloaded
+    /// as they arrive (the model asked for that text).
+    reads: std::collections::HashSet<String>,
+}
+
+impl ContextWindow {
+    pub(crate) fn new(setup: Arc<ContextSetup>, thread_id: &str, request: &InferenceRequest) -> Self {
+        let transforms = setup
+            .policy
+            .as_ref()
+            .is_some_and(|p| p.uses_artifacts() || p.summarize.is_some());
+        let view = transforms.then(|| {
+            let mut view = request.clone();
+            view.messages = Arc::new(Vec::new());
+            view
+        });
+        Self {
+            fixed: tokens::fixed_chars(request.system.as_deref(), &request.tools),
+            setup,
+            thread_id: thread_id.to_owned(),
+            view,
+            meta: Vec::new(),
+            synced: 0,
+            chars: 0,
+            sent: (0, 0),
+            reads: std::collections::HashSet::new(),
+        }
+    }
+
+    /// Brings the view up to `history` (appended to since the last call):
+    /// new messages join it, large tool results as references.
+    pub(crate) async fn sync(&mut self, request: &InferenceRequest) {
+        let history = &request.messages;
+        if self.synced > history.len() {
+            // The history was replaced under the run (never by the loop):
+            // start over.
+            self.synced = 0;
+            self.chars = 0;
+            self.meta.clear();
+            if let Some(view) = &mut self.view {
+                view.messages = Arc::new(Vec::new());
+            }
+        }
+        let new = &history[self.synced..];
+        self.synced = history.len();
+        let Some(view) = &mut self.view else {
+            self.chars += new.iter().map(tokens::message_chars).sum::<u64>();
+            return;
+        };
+        view.tool_choice.clone_from(&request.tool_choice);
+        let offload = self
+            .setup
+            .policy
+            .as_ref()
+            .and_then(|p| p.offload.as_ref())
+            .map(|o| o.min_tokens);
+        let calibration = &self.setup.calibration;
+        let mut added = Vec::with_capacity(new.len());
+        for message in new {
+            let mut message = message.clone();
+            let mut reference = false;
+            self.reads.extend(
+                message
+                    .tool_calls
+                    .iter()
+                    .filter(|c| c.name == READ_ARTIFACT)
+                    .map(|c| c.id.clone()),
+            );
+            let read = message
+                .tool_call_id
+                .as_ref()
+                .is_some_and(|id| self.reads.contains(id));
+            if let Some(min) = offload
+                && message.role == Role::Tool
+                && !read
+                && calibration.tokens(message.content.len() as u64, 0) >= min
+                && let Some(text) =
+                    offload_one(&*self.setup.artifacts, &self.thread_id, &message, calibration).await
+            {
+                message.content = text;
+                reference = true;
+            }
+            let chars = tokens::message_chars(&message);
+            self.chars += chars;
+            self.meta.push(Meta { chars, reference });
+            added.push(message);
+        }
+        Arc::make_mut(&mut view.messages).extend(added);
+    }
+
+    /// The request to send: the view, or the history itself.
+    pub(crate) fn request<'a>(&'a self, history: &'a InferenceRequest) -> &'a InferenceRequest {
+        self.view.as_ref().unwrap_or(history)
+    }
+
+    fn messages(&self) -> u64 {
+        self.synced_len() as u64
+    }
+
+    fn synced_len(&self) -> usize {
+        match &self.view {
+            Some(view) => view.messages.len(),
+            None => self.synced,
+        }
+    }
+
+    /// The estimated tokens of the prompt as it would be sent now.
+    pub(crate) fn estimate(&self) -> u64 {
+        self.setup
+            .calibration
+            .tokens(self.chars + self.fixed, self.messages())
+    }
+
+    /// Notes what is being sent (for calibration by its usage).
+    pub(crate) fn sending(&mut self) {
+        self.sent = (self.chars + self.fixed, self.messages());
+    }
+
+    /// Learns from the input tokens the provider reported for the prompt
+    /// last sent.
+    pub(crate) fn observe(&self, input_tokens: u64) {
+        let (chars, messages) = self.sent;
+        self.setup
+            .calibration
+            .observe(chars, messages, input_tokens);
+    }
+
+    fn usable(&self) -> Option<u64> {
+        self.setup.policy.as_ref().map(ContextPolicy::usable_tokens)
+    }
+
+    /// Whether the estimate is over `at` of the usable window.
+    fn over(&self, at: f64) -> bool {
+        self.usable()
+            .is_some_and(|usable| self.estimate() as f64 > at * usable as f64)
+    }
+
+    /// Whether compaction is due (over `compact.at`).
+    pub(crate) fn compaction_due(&self) -> bool {
+        let at = self.setup.policy.as_ref().and_then(|p| p.compact.as_ref()).map(|c| c.at);
+        at.is_some_and(|at| self.over(at))
+    }
+
+    /// Whether a summary is due (over `summarize.at`).
+    pub(crate) fn summary_due(&self) -> bool {
+        let at = self.setup.policy.as_ref().and_then(|p| p.summarize.as_ref()).map(|s| s.at);
+        at.is_some_and(|at| self.over(at))
+    }
+
+    /// The configured `compact.keep_last_rounds`.
+    pub(crate) fn compact_keep(&self) -> Option<usize> {
+        self.setup
+            .policy
+            .as_ref()
+            .and_then(|p| p.compact.as_ref())
+            .map(|c| c.keep_last_rounds)
+    }
+
+    /// The configured `summarize.keep_last_rounds`.
+    pub(crate) fn summary_keep(&self) -> Option<usize> {
+        self.setup
+            .policy
+            .as_ref()
+            .and_then(|p| p.summarize.as_ref())
+            .map(|s| s.keep_last_rounds)
+    }
+
+    /// Where the last `keep` rounds begin in the view: the index of the
+    /// `keep`-th assistant message from the end (0 if there are fewer).
+    fn kept_from(&self, keep: usize) -> usize {
+        let Some(view) = &self.view else {
+            return 0;
+        };
+        if keep == 0 {
+            return view.messages.len();
+        }
+        let mut seen = 0;
+        for (i, m) in view.messages.iter().enumerate().rev() {
+            if m.role == Role::Assistant {
+                seen += 1;
+                if seen == keep {
+                    return i;
+                }
+            }
+        }
+        0
+    }
+
+    /// Turns every tool result before the last `keep` rounds into a
+    /// reference; `None` if there was none to turn.
+    pub(crate) async fn compact(&mut self, keep: usize) -> Option<Change> {
+        let boundary = self.kept_from(keep);
+        let before = self.estimate();
+        let calibration = self.setup.calibration.clone();
+        let view = self.view.as_mut()?;
+        let mut count = 0u32;
+        let mut replaced = Vec::new();
+        for (i, message) in view.messages[..boundary].iter().enumerate() {
+            if message.role != Role::Tool || self.meta[i].reference {
+                continue;
+            }
+            if let Some(text) =
+                offload_one(&*self.setup.artifacts, &self.thread_id, message, &calibration).await
+                && text.len() < message.content.len()
+            {
+                replaced.push((i, text));
+            }
+        }
+        if replaced.is_empty() {
+            return None;
+        }
+        let messages = Arc::make_mut(&mut view.messages);
+        for (i, text) in replaced {
+            messages[i].content = text;
+            let chars = tokens::message_chars(&messages[i]);
+            self.chars = self.chars - self.meta[i].chars + chars;
+            self.meta[i] = Meta {
+                chars,
+                reference: true,
+            };
+            count += 1;
+        }
+        Some(Change {
+            before,
+            after: self.estimate(),
+            count,
+        })
+    }
+
+    /// The rounds before the last `keep` as a transcript to summarize;
+    /// `None` when there are none (or no view).
+    pub(crate) fn summary_plan(&self, keep: usize) -> Option<SummaryPlan> {
+        let view = self.view.as_ref()?;
+        let mut boundary = self.kept_from(keep);
+        // Never cut between a call and its results.
+        while boundary > 0 && view.messages[boundary].role == Role::Tool {
+            boundary -= 1;
+        }
+        if boundary < 2 {
+            return None;
+        }
+        let mut transcript = String::new();
+        for m in &view.messages[..boundary] {
+            let who = match m.role {
+                Role::User => "user",
+                Role::Assistant => "assistant",
+                Role::System => "system",
+                Role::Tool => "tool result",
+            };
+            transcript.push_str(&format!("[{who}] {}\n", m.content));
+            for call in &m.tool_calls {
+                transcript.push_str(&format!(
+                    "[assistant called {}] {}\n",
+                    call.name, call.arguments
+                ));
+            }
+        }
+        Some(SummaryPlan {
+            boundary,
+            transcript,
+        })
+    }
+
+    /// Replaces the view's messages before `plan.boundary` by `summary`.
+    pub(crate) fn apply_summary(&mut self, plan: &SummaryPlan, summary: &str) -> Option<Change> {
+        let before = self.estimate();
+        let view = self.view.as_mut()?;
+        let message = Message::user(format!(
+            "[Summary of the earlier conversation, written to save space; the full history is \
+             kept]\n{summary}"
+        ));
+        let chars = tokens::message_chars(&message);
+        let messages = Arc::make_mut(&mut view.messages);
+        messages.splice(..plan.boundary, [message]);
+        let removed: u64 = self.meta[..plan.boundary].iter().map(|m| m.chars).sum();
+        self.meta.splice(
+            ..plan.boundary,
+            [Meta {
+                chars,
+                reference: false,
+            }],
+        );
+        self.chars = self.chars - removed + chars;
+        Some(Change {
+            before,
+            after: self.estimate(),
+            count: u32::try_from(plan.boundary).unwrap_or(u32::MAX),
+        })
+    }
+}
+
+/// Stores `message`'s text as an artifact named by its call id and returns
+/// the reference that replaces it; `None` if it could not be stored (the
+/// full text then stays in view).
+async fn offload_one(
+    store: &dyn ArtifactStore,
+    thread_id: &str,
+    message: &Message,
+    calibration: &Calibration,
+) -> Option<String> {
+    let id = message.tool_call_id.as_deref()?;
+    if let Err(error) = store.put(thread_id, id, &message.content).await {
+        tracing::warn!(%error, thread_id, id, "could not offload a tool result; it stays in the prompt");
+        return None;
+    }
+    let text = &message.content;
+    let lines = text.lines().count();
+    let tokens = calibration.tokens(text.len() as u64, 0);
+    let mut preview: String = text.lines().take(5).collect::<Vec<_>>().join("\n");
+    if preview.len() > 300 {
+        let mut cut = 300;
+        while !preview.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        preview.truncate(cut);
+    }
+    Some(format!(
+        "[tool result offloaded to artifact \"{id}\": {lines} lines, about {tokens} tokens. \
+         Preview:\n{preview}\n… call {READ_ARTIFACT} with id \"{id}\" (optionally start_line/\
+         end_line, or contains/regex to filter lines) to read it]"
+    ))
+}
