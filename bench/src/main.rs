@@ -16,6 +16,7 @@
 //! (`runtime.block_on(…)`, as `#[tokio::main]`, a CLI or a test does).
 
 mod cluster;
+mod context;
 mod http;
 
 use std::collections::HashMap;
@@ -82,7 +83,13 @@ fn tool_results_since_user(req: &InferenceRequest) -> usize {
 /// Whether the request carries what the definition says the model is sent:
 /// the system prompt and the one tool with its schema.
 fn as_defined(req: &InferenceRequest) -> bool {
-    req.system.is_some() && req.tools.len() == 1 && req.tools[0].parameters["required"][0] == "i"
+    // `read_artifact` joins the tools of agents with a context policy (W11).
+    let tools: Vec<_> = req
+        .tools
+        .iter()
+        .filter(|t| t.name != rein::context::READ_ARTIFACT)
+        .collect();
+    req.system.is_some() && tools.len() == 1 && tools[0].parameters["required"][0] == "i"
 }
 
 /// Set when the model was sent a request that is not as defined; `main`
@@ -539,7 +546,7 @@ fn external<F: std::future::Future<Output = ()>>(rt: &tokio::runtime::Runtime, w
 const USAGE: &str = "usage: rein-bench <rounds|rounds_external|rounds_policies|rounds_loops|rounds_events|concurrent|\
 cancel|cancel_pause|cancel_external|cancel_external_pause|cancel_open|mailbox|mailbox_external|\
 policies|chanting|chanting_spaces|chanting_rules|http|http_first_event|http_retention|\
-cluster_cancel|cluster_submit|cluster_submit_spread|cluster_submit_spread_held|cluster_takeover> [--tiny]";
+context|cluster_cancel|cluster_submit|cluster_submit_spread|cluster_submit_spread_held|cluster_takeover> [--tiny]";
 
 /// W9's concurrent clients (HTTP/1.1 connections, each one submission at
 /// a time), spread over the three processes.
@@ -571,6 +578,7 @@ fn main() {
         ),
         "rounds_events" => on_worker(&rt, rounds("rounds_events", vec![], true, scale(200, 2))),
         "concurrent" => on_worker(&rt, concurrent(scale(10_000, 20))),
+        "context" => on_worker(&rt, context::rounds(scale(100, 2))),
         "cancel" => on_worker(&rt, cancel("cancel", false, None, scale(1000, 5))),
         "cancel_pause" => on_worker(&rt, cancel("cancel_pause", false, ms, scale(1000, 5))),
         "cancel_external" => external(&rt, cancel("cancel_external", false, None, scale(1000, 5))),

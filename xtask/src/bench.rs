@@ -12,13 +12,14 @@ use std::time::{Duration, Instant};
 
 /// The workloads, in order, with their names in the table
 /// (`external`: driven from the thread that owns the runtime, not a worker).
-pub(crate) const WORKLOADS: [(&str, &str); 25] = [
+pub(crate) const WORKLOADS: [(&str, &str); 26] = [
     ("rounds", "W1"),
     ("rounds_external", "W1 external"),
     ("rounds_policies", "W1b"),
     ("rounds_loops", "W1b with every loop detector"),
     ("rounds_events", "W1 with an event sink"),
     ("concurrent", "W2"),
+    ("context", "W11"),
     ("cancel", "W3"),
     ("cancel_pause", "W3 with a 1 ms pause"),
     ("cancel_external", "W3 external"),

@@ -102,15 +102,26 @@ async fn a_large_result_reaches_the_model_as_a_reference_the_store_keeps_it_whol
     );
     let reference = seen[1].messages.last().unwrap();
     assert!(is_reference(reference), "{reference:?}");
-    assert!(reference.content.contains("200 lines"), "{}", reference.content);
-    assert!(reference.content.contains("line 0001"), "a preview: {}", reference.content);
+    assert!(
+        reference.content.contains("200 lines"),
+        "{}",
+        reference.content
+    );
+    assert!(
+        reference.content.contains("line 0001"),
+        "a preview: {}",
+        reference.content
+    );
     assert!(reference.content.len() < 800, "{}", reference.content.len());
 
     // The model's read: lines 100.. containing "line 01" (100-199).
     let read = &seen[2].messages.last().unwrap().content;
     assert!(read.contains("100: line 0100"), "{read}");
     assert!(read.contains("199: line 0199"), "{read}");
-    assert!(!read.contains("line 0099") && !read.contains("line 0200"), "{read}");
+    assert!(
+        !read.contains("line 0099") && !read.contains("line 0200"),
+        "{read}"
+    );
 
     // The stored history keeps the full result.
     let history = store.load("t").await.unwrap();
@@ -233,7 +244,10 @@ async fn over_summarize_at_older_rounds_are_replaced_by_a_summary_counted_in_usa
         assert!(*messages >= 2);
         assert_eq!(*usage, Some(TokenUsage::new(500, 20)));
     }
-    assert!(result.usage.input_tokens >= 500, "the summary's usage counts");
+    assert!(
+        result.usage.input_tokens >= 500,
+        "the summary's usage counts"
+    );
     assert_eq!(summaries.len(), 1, "one summary; later rounds fit");
 
     let seen = seen.lock().unwrap();
@@ -340,12 +354,24 @@ async fn the_token_budget_refuses_the_call_that_would_exceed_it_before_it_is_mad
         TerminationReason::Stopped(r) => {
             assert_eq!(r.code, "token_budget");
             assert!(r.detail.contains("was not sent"), "{}", r.detail);
-            assert!(r.detail.contains("890 of the 1000-token budget remain"), "{}", r.detail);
-            assert!(r.detail.contains("exceed the budget by about"), "{}", r.detail);
+            assert!(
+                r.detail.contains("890 of the 1000-token budget remain"),
+                "{}",
+                r.detail
+            );
+            assert!(
+                r.detail.contains("exceed the budget by about"),
+                "{}",
+                r.detail
+            );
         }
         other => panic!("expected token_budget, got {other:?}"),
     }
-    assert_eq!(seen.lock().unwrap().len(), 1, "no call was made over the budget");
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        1,
+        "no call was made over the budget"
+    );
     assert_eq!(result.usage.total(), 110, "no overshoot");
 }
 
@@ -362,7 +388,10 @@ async fn without_a_policy_the_model_sees_the_history_itself() {
     assert_eq!(result.termination, TerminationReason::NaturalEnd);
     let seen = seen.lock().unwrap();
     assert!(seen[0].tools.iter().all(|t| t.name != "read_artifact"));
-    assert_eq!(seen[1].messages.last().unwrap().content.lines().count(), 200);
+    assert_eq!(
+        seen[1].messages.last().unwrap().content.lines().count(),
+        200
+    );
 }
 
 #[test]
@@ -383,14 +412,11 @@ fn a_bad_context_value_is_reported_at_its_line_and_column() {
 
 #[test]
 fn an_unknown_summary_model_is_a_build_error_naming_it() {
-    let policy = ContextPolicy::new(4096)
-        .with_summarize(SummarizePolicy::new(0.8).with_model_id("tiny"));
-    let err = builder_with(
-        ScriptedExecutor::new(vec![]),
-        spec().with_context(policy),
-    )
-    .build()
-    .unwrap_err();
+    let policy =
+        ContextPolicy::new(4096).with_summarize(SummarizePolicy::new(0.8).with_model_id("tiny"));
+    let err = builder_with(ScriptedExecutor::new(vec![]), spec().with_context(policy))
+        .build()
+        .unwrap_err();
     assert!(
         err.to_string()
             .contains("summarize.model_id \"tiny\" is not a registered model"),

@@ -112,7 +112,8 @@ impl ContextPolicy {
 
     /// The tokens a prompt may take: the window less the reserve.
     pub fn usable_tokens(&self) -> u64 {
-        self.window_tokens.saturating_sub(self.reserve_output_tokens)
+        self.window_tokens
+            .saturating_sub(self.reserve_output_tokens)
     }
 
     /// Whether any part of the history may be shown as references
@@ -400,7 +401,10 @@ mod tests {
             .with_summarize(SummarizePolicy::new(0.5))
             .validate()
             .unwrap_err();
-        assert!(e.contains("summarize.at (0.5) is below compact.at (0.8)"), "{e}");
+        assert!(
+            e.contains("summarize.at (0.5) is below compact.at (0.8)"),
+            "{e}"
+        );
     }
 
     #[test]

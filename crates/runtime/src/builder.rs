@@ -526,29 +526,30 @@ fn context_setup(
     if policy.is_none() && budget.is_none() {
         return Ok(None);
     }
-    let summarizer = match policy.as_ref().and_then(|p| p.summarize.as_ref()) {
-        None => None,
-        Some(s) => match &s.model_id {
-            None => Some((model.clone(), executor.clone())),
-            Some(id) => {
-                let m = models.get(id.as_str()).ok_or_else(|| BuildError::InvalidContext {
+    let summarizer =
+        match policy.as_ref().and_then(|p| p.summarize.as_ref()) {
+            None => None,
+            Some(s) => match &s.model_id {
+                None => Some((model.clone(), executor.clone())),
+                Some(id) => {
+                    let m = models.get(id.as_str()).ok_or_else(|| BuildError::InvalidContext {
                     agent_id: spec.id.clone(),
                     message: format!(
                         "summarize.model_id \"{id}\" is not a registered model; registered: {}",
                         list(models.keys().copied())
                     ),
                 })?;
-                let e = providers.get(m.provider_id.as_str()).ok_or_else(|| {
-                    BuildError::UnknownProvider {
-                        model_id: m.id.clone(),
-                        provider_id: m.provider_id.clone(),
-                        known: list(providers.keys().copied()),
-                    }
-                })?;
-                Some(((*m).clone(), e.clone()))
-            }
-        },
-    };
+                    let e = providers.get(m.provider_id.as_str()).ok_or_else(|| {
+                        BuildError::UnknownProvider {
+                            model_id: m.id.clone(),
+                            provider_id: m.provider_id.clone(),
+                            known: list(providers.keys().copied()),
+                        }
+                    })?;
+                    Some(((*m).clone(), e.clone()))
+                }
+            },
+        };
     let reserve = policy
         .as_ref()
         .map_or(0, |p| p.reserve_output_tokens)

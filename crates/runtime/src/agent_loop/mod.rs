@@ -810,9 +810,7 @@ impl Run {
             .as_ref()
             .and_then(|p| p.summarize.as_ref())
             .and_then(|s| s.prompt.clone())
-            .unwrap_or_else(|| {
-                rein_runtime_contract::context::DEFAULT_SUMMARY_PROMPT.to_owned()
-            });
+            .unwrap_or_else(|| rein_runtime_contract::context::DEFAULT_SUMMARY_PROMPT.to_owned());
         let mut request = InferenceRequest::new(
             model.upstream_model.clone(),
             vec![Message::user(plan.transcript.clone())],
@@ -836,7 +834,10 @@ impl Run {
         let response = match outcome {
             Ok(Ok(response)) if !response.text.trim().is_empty() => response,
             Ok(Ok(_)) => {
-                tracing::warn!(run_id = self.id.run_id, "the summary came back empty; the rounds stay");
+                tracing::warn!(
+                    run_id = self.id.run_id,
+                    "the summary came back empty; the rounds stay"
+                );
                 return Ok(false);
             }
             Ok(Err(error)) => {
@@ -844,7 +845,10 @@ impl Run {
                 return Ok(false);
             }
             Err(_) => {
-                tracing::warn!(run_id = self.id.run_id, "the summarizing executor panicked; the rounds stay");
+                tracing::warn!(
+                    run_id = self.id.run_id,
+                    "the summarizing executor panicked; the rounds stay"
+                );
                 return Ok(false);
             }
         };

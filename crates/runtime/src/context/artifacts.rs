@@ -167,7 +167,10 @@ mod tests {
             store.get("t/1", "call 1").await.unwrap().as_deref(),
             Some("one\ntwo")
         );
-        assert_eq!(store.get("t2", "call 1").await.unwrap().as_deref(), Some("other"));
+        assert_eq!(
+            store.get("t2", "call 1").await.unwrap().as_deref(),
+            Some("other")
+        );
         assert_eq!(store.get("t/1", "nope").await.unwrap(), None);
         store.delete_thread("t/1").await.unwrap();
         assert_eq!(store.get("t/1", "call 1").await.unwrap(), None);

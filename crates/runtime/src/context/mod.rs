@@ -112,7 +112,11 @@ pub(crate) struct ContextWindow {
 }
 
 impl ContextWindow {
-    pub(crate) fn new(setup: Arc<ContextSetup>, thread_id: &str, request: &InferenceRequest) -> Self {
+    pub(crate) fn new(
+        setup: Arc<ContextSetup>,
+        thread_id: &str,
+        request: &InferenceRequest,
+    ) -> Self {
         let transforms = setup
             .policy
             .as_ref()
@@ -182,8 +186,13 @@ impl ContextWindow {
                 && message.role == Role::Tool
                 && !read
                 && calibration.tokens(message.content.len() as u64, 0) >= min
-                && let Some(text) =
-                    offload_one(&*self.setup.artifacts, &self.thread_id, &message, calibration).await
+                && let Some(text) = offload_one(
+                    &*self.setup.artifacts,
+                    &self.thread_id,
+                    &message,
+                    calibration,
+                )
+                .await
             {
                 message.content = text;
                 reference = true;
@@ -245,13 +254,23 @@ impl ContextWindow {
 
     /// Whether compaction is due (over `compact.at`).
     pub(crate) fn compaction_due(&self) -> bool {
-        let at = self.setup.policy.as_ref().and_then(|p| p.compact.as_ref()).map(|c| c.at);
+        let at = self
+            .setup
+            .policy
+            .as_ref()
+            .and_then(|p| p.compact.as_ref())
+            .map(|c| c.at);
         at.is_some_and(|at| self.over(at))
     }
 
     /// Whether a summary is due (over `summarize.at`).
     pub(crate) fn summary_due(&self) -> bool {
-        let at = self.setup.policy.as_ref().and_then(|p| p.summarize.as_ref()).map(|s| s.at);
+        let at = self
+            .setup
+            .policy
+            .as_ref()
+            .and_then(|p| p.summarize.as_ref())
+            .map(|s| s.at);
         at.is_some_and(|at| self.over(at))
     }
 
@@ -307,8 +326,13 @@ impl ContextWindow {
             if message.role != Role::Tool || self.meta[i].reference {
                 continue;
             }
-            if let Some(text) =
-                offload_one(&*self.setup.artifacts, &self.thread_id, message, &calibration).await
+            if let Some(text) = offload_one(
+                &*self.setup.artifacts,
+                &self.thread_id,
+                message,
+                &calibration,
+            )
+            .await
                 && text.len() < message.content.len()
             {
                 replaced.push((i, text));

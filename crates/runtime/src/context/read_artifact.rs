@@ -117,7 +117,10 @@ impl Tool for ReadArtifact {
             if n < start || n > end {
                 continue;
             }
-            if args.contains.as_ref().is_some_and(|c| !line.contains(c.as_str()))
+            if args
+                .contains
+                .as_ref()
+                .is_some_and(|c| !line.contains(c.as_str()))
                 || regex.as_ref().is_some_and(|r| !r.is_match(line))
             {
                 continue;
