@@ -8,7 +8,8 @@
 //!   (see [`StopConditionSpec`]).
 //! - An agent spec: a mapping with `id` (required), `model_id`,
 //!   `system_prompt`, `max_rounds` (default 16), `plugin_ids` (default []),
-//!   `stop_conditions` (default []) and `tool_choice` (default `auto`).
+//!   `stop_conditions` (default []), `tool_choice` (default `auto`) and
+//!   `context` (a [`ContextPolicy`](crate::context::ContextPolicy); default none).
 //!
 //! Unknown and misspelt keys are errors. [`ConfigError::line`] and
 //! [`ConfigError::column`] (1-based) point at the offending key, at the value
