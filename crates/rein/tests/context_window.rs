@@ -95,7 +95,7 @@ async fn a_large_result_reaches_the_model_as_a_reference_the_store_keeps_it_whol
     let (result, _) = run(executor, spec().with_context(policy), store.clone()).await;
     assert_eq!(result.termination, TerminationReason::NaturalEnd);
 
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     assert!(
         seen[0].tools.iter().any(|t| t.name == "read_artifact"),
         "the agent gets read_artifact"
@@ -170,7 +170,7 @@ async fn over_compact_at_older_results_become_references_in_one_batch_and_pairs_
         assert!(*before as f64 > 0.5 * 12_000.0, "only over the threshold");
     }
 
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     for (i, request) in seen.iter().enumerate() {
         assert_history_valid(&request.messages);
         // The last round's result is never a reference.
@@ -250,7 +250,7 @@ async fn over_summarize_at_older_rounds_are_replaced_by_a_summary_counted_in_usa
     );
     assert_eq!(summaries.len(), 1, "one summary; later rounds fit");
 
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     let agent_requests: Vec<&InferenceRequest> = seen
         .iter()
         .filter(|r| r.system.as_deref() != Some(rein::context::DEFAULT_SUMMARY_PROMPT))
@@ -301,7 +301,7 @@ async fn a_context_length_error_is_answered_by_compacting_and_one_retry() {
         e,
         AgentEvent::ContextCompacted { trigger, .. } if trigger == "overflow"
     )));
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     let refused = seen
         .iter()
         .filter(|r| {
@@ -386,7 +386,7 @@ async fn without_a_policy_the_model_sees_the_history_itself() {
     });
     let (result, _) = run(executor, spec(), Arc::new(InMemoryThreadStore::new())).await;
     assert_eq!(result.termination, TerminationReason::NaturalEnd);
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     assert!(seen[0].tools.iter().all(|t| t.name != "read_artifact"));
     assert_eq!(
         seen[1].messages.last().unwrap().content.lines().count(),

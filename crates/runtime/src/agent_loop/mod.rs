@@ -750,10 +750,9 @@ impl Run {
         }
         if context.summary_due()
             && let Some(keep) = context.summary_keep()
+            && let Err(reason) = self.summarize(context, keep).await
         {
-            if let Err(reason) = self.summarize(context, keep).await {
-                return Some(reason);
-            }
+            return Some(reason);
         }
         let budget = context.setup.budget?;
         let used = self.usage.total();
