@@ -37,7 +37,8 @@ mod store;
 
 pub use leases::Leases;
 pub use runs::{
-    Claimed, NewRun, PgRuns, StoredEvent, StoredRun, SubmitOutcome, is_transient, retry,
+    Claimed, NewRun, ORPHAN_GRACE, PgRuns, StoredEvent, StoredRun, SubmitOutcome, is_transient,
+    retry,
 };
 pub use store::{LOST_WORKER_NOTE, PgThreadStore, WRITE_RETRY};
 

@@ -577,6 +577,11 @@ impl PgRuns {
     /// Threads with queued or running runs that no live process owns (their
     /// owner released them, or its lease expired): work to take.
     ///
+    /// A thread whose oldest open run is younger than [`ORPHAN_GRACE`] is
+    /// left to the process that submitted it, which takes the thread
+    /// itself right after writing the run; the scan is for work whose
+    /// submitter or owner is gone.
+    ///
     /// # Errors
     ///
     /// The database failed.
@@ -597,8 +602,12 @@ impl PgRuns {
              LEFT JOIN rein_threads t ON t.thread_id = o.thread_id
              WHERE o.thread_id IS NOT NULL
                AND (t.thread_id IS NULL OR t.owner IS NULL OR t.lease_until < now())
+               AND (SELECT r.created_at FROM rein_runs r
+                    WHERE r.thread_id = o.thread_id AND r.status <> 'finished'
+                    ORDER BY r.seq LIMIT 1) < now() - make_interval(secs => $1)
              LIMIT 256",
         )
+        .bind(ORPHAN_GRACE.as_secs_f64())
         .fetch_all(&self.pool)
         .await
     }
@@ -633,6 +642,13 @@ impl PgRuns {
         .map(|r| r.rows_affected())
     }
 }
+
+/// How long a new run is left to its submitter before the scan
+/// ([`PgRuns::orphaned`]) counts its thread as work to take: a submitter
+/// writes the run, then takes the thread; a scan in between would take it
+/// instead, and the submitter would answer `queued` for a run another
+/// process is already running.
+pub const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn columns(events: &[StoredEvent]) -> (Vec<i64>, Vec<&str>, Vec<&str>) {
     (

@@ -140,3 +140,22 @@ async fn a_kept_history_is_not_served_once_another_process_took_the_thread() {
         vec![Message::user("only")]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_run_is_left_to_its_submitter_for_the_grace_then_counts_as_orphaned() {
+    let Some(url) = url() else { return };
+    let runs = runs(&url, "inbox-grace").await;
+    // `orphaned` answers at most 256 threads in id order: a leading `0`
+    // puts this one before the letter-named threads other tests leave.
+    let t = thread("0-grace");
+    submit_together(&runs, &t, &[(format!("{t}-run"), None)]).await;
+    assert!(
+        !runs.orphaned().await.unwrap().contains(&t),
+        "a thread was taken from its submitter at once"
+    );
+    tokio::time::sleep(rein_postgres::ORPHAN_GRACE + Duration::from_millis(200)).await;
+    assert!(
+        runs.orphaned().await.unwrap().contains(&t),
+        "a thread with an unowned run older than the grace is not orphaned"
+    );
+}
