@@ -11,7 +11,7 @@ use futures::StreamExt;
 use rein_runtime_contract::inference::{
     InferenceDelta, InferenceError, InferenceRequest, InferenceStream, LlmExecutor,
 };
-use rein_runtime_contract::message::{TokenUsage, ToolCall};
+use rein_runtime_contract::message::{CacheUsage, TokenUsage, ToolCall};
 
 /// One scripted answer: text (streamed one chunk per word), tool calls,
 /// usage, an error, and delays.
@@ -22,6 +22,7 @@ pub struct ScriptedResponse {
     error: Option<InferenceError>,
     stream_error: Option<InferenceError>,
     usage: Option<TokenUsage>,
+    cache: Option<CacheUsage>,
     delay: Option<Duration>,
     chunk_delay: Option<Duration>,
     stalled: bool,
@@ -36,6 +37,7 @@ impl ScriptedResponse {
             error: None,
             stream_error: None,
             usage: None,
+            cache: None,
             delay: None,
             chunk_delay: None,
             stalled: false,
@@ -84,6 +86,13 @@ impl ScriptedResponse {
     /// Adds a tool call after the text.
     pub fn with_tool_call(mut self, name: impl Into<String>, args: serde_json::Value) -> Self {
         self.tool_calls.push((name.into(), args));
+        self
+    }
+
+    /// Reports this prompt-cache usage after the usage: `cached` tokens
+    /// read from the cache, `written` written to it.
+    pub fn with_cache_usage(mut self, cached: u64, written: u64) -> Self {
+        self.cache = Some(CacheUsage::new(cached, written));
         self
     }
 
@@ -282,6 +291,9 @@ impl LlmExecutor for ScriptedExecutor {
                 }
                 if let Some(usage) = response.usage {
                     items.push_back(Ok(InferenceDelta::Usage { usage }));
+                }
+                if let Some(cache) = response.cache {
+                    items.push_back(Ok(InferenceDelta::CacheUsage { cache }));
                 }
             }
         }

@@ -264,7 +264,7 @@ pub mod prelude {
     pub use rein_runtime_contract::lifecycle::{
         StopConditionSpec, StoppedReason, TerminationReason,
     };
-    pub use rein_runtime_contract::message::{Message, Role, TokenUsage, ToolCall};
+    pub use rein_runtime_contract::message::{CacheUsage, Message, Role, TokenUsage, ToolCall};
     pub use rein_runtime_contract::phase::Phase;
     pub use rein_runtime_contract::spec::{AgentSpec, ModelSpec};
     pub use rein_runtime_contract::state::{StateError, StateKey};

@@ -394,6 +394,34 @@ async fn without_a_policy_the_model_sees_the_history_itself() {
     );
 }
 
+#[tokio::test]
+async fn prompt_cache_usage_is_summed_over_the_run_and_absent_when_never_reported() {
+    let (executor, _) = recording(|n, _| {
+        if n == 0 {
+            ScriptedResponse::tool_call("big", json!({}))
+                .with_usage(1000, 10)
+                .with_cache_usage(0, 900)
+        } else {
+            ScriptedResponse::text("done")
+                .with_usage(3000, 5)
+                .with_cache_usage(900, 2000)
+        }
+    });
+    let (result, events) = run(executor, spec(), Arc::new(InMemoryThreadStore::new())).await;
+    assert_eq!(result.cache_usage, Some(CacheUsage::new(900, 2900)));
+    let finished = events.iter().find_map(|e| match e {
+        AgentEvent::RunFinished { cache_usage, .. } => Some(*cache_usage),
+        _ => None,
+    });
+    assert_eq!(finished, Some(Some(CacheUsage::new(900, 2900))));
+
+    let (executor, _) = recording(|_, _| ScriptedResponse::text("done").with_usage(10, 1));
+    let (result, events) = run(executor, spec(), Arc::new(InMemoryThreadStore::new())).await;
+    assert_eq!(result.cache_usage, None);
+    let json = serde_json::to_value(events.last().unwrap()).unwrap();
+    assert!(json.get("cache_usage").is_none(), "{json}");
+}
+
 #[test]
 fn a_bad_context_value_is_reported_at_its_line_and_column() {
     let e = rein::config::load_agent_spec_yaml(

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::lifecycle::CancelCause;
 use crate::lifecycle::TerminationReason;
-use crate::message::TokenUsage;
+use crate::message::{CacheUsage, TokenUsage};
 
 /// Something that happened in a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -182,6 +182,10 @@ pub enum AgentEvent {
         steps: u32,
         /// The sum of the usage providers reported.
         usage: TokenUsage,
+        /// The sum of the prompt-cache usage providers reported; absent
+        /// when none did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cache_usage: Option<CacheUsage>,
         /// Values emitted through `emit_output`, by name (empty without the
         /// outputs plugin).
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

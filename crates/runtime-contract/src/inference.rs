@@ -21,7 +21,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
-use crate::message::{Message, TokenUsage, ToolCall};
+use crate::message::{CacheUsage, Message, TokenUsage, ToolCall};
 use crate::tool::ToolDescriptor;
 
 /// Which tools the model may or must call.
@@ -178,6 +178,12 @@ pub enum InferenceDelta {
         /// The usage.
         usage: TokenUsage,
     },
+    /// What the provider's prompt cache did, when it reports it (after
+    /// [`Usage`](Self::Usage); the tokens are part of its input tokens).
+    CacheUsage {
+        /// Tokens read from and written to the cache.
+        cache: CacheUsage,
+    },
 }
 
 /// A whole answer, assembled from its deltas.
@@ -189,6 +195,8 @@ pub struct InferenceResponse {
     pub tool_calls: Vec<ToolCall>,
     /// Usage, `None` when the provider did not report it (never zero-filled).
     pub usage: Option<TokenUsage>,
+    /// Prompt-cache usage, `None` when the provider did not report it.
+    pub cache: Option<CacheUsage>,
 }
 
 impl InferenceResponse {
@@ -201,6 +209,11 @@ impl InferenceResponse {
                 self.usage
                     .get_or_insert_with(TokenUsage::default)
                     .add(usage);
+            }
+            InferenceDelta::CacheUsage { cache } => {
+                self.cache
+                    .get_or_insert_with(CacheUsage::default)
+                    .add(cache);
             }
         }
     }

@@ -165,6 +165,44 @@ impl TokenUsage {
     }
 }
 
+/// What a provider's prompt cache did for an inference (or a sum of
+/// them): of the prompt tokens in [`TokenUsage::input_tokens`], how many
+/// were read from the cache and how many were written to it.
+///
+/// Reported only by providers that say so (Anthropic's
+/// `cache_read_input_tokens` / `cache_creation_input_tokens`, OpenAI's
+/// `cached_tokens`); `None` where it is carried means the provider said
+/// nothing, never zero.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct CacheUsage {
+    /// Prompt tokens served from the cache (billed at a discount).
+    pub cached_input_tokens: u64,
+    /// Prompt tokens written to the cache (Anthropic bills them at a
+    /// premium; the next request reads them).
+    pub cache_write_tokens: u64,
+}
+
+impl CacheUsage {
+    /// `cached` tokens read from the cache and `written` written to it.
+    pub fn new(cached_input_tokens: u64, cache_write_tokens: u64) -> Self {
+        Self {
+            cached_input_tokens,
+            cache_write_tokens,
+        }
+    }
+
+    /// Adds `other` to this usage (saturating).
+    pub fn add(&mut self, other: CacheUsage) {
+        self.cached_input_tokens = self
+            .cached_input_tokens
+            .saturating_add(other.cached_input_tokens);
+        self.cache_write_tokens = self
+            .cache_write_tokens
+            .saturating_add(other.cache_write_tokens);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ use rein_runtime_contract::CancellationToken;
 use rein_runtime_contract::event::{CancelCause, EventSink};
 use rein_runtime_contract::inference::ToolChoice;
 use rein_runtime_contract::lifecycle::TerminationReason;
-use rein_runtime_contract::message::{Message, TokenUsage};
+use rein_runtime_contract::message::{CacheUsage, Message, TokenUsage};
 use rein_runtime_contract::state::StateKey;
 
 /// Input for one run: the thread, the new messages, and per-run options.
@@ -117,6 +117,10 @@ pub struct AgentRunResult {
     pub usage: TokenUsage,
     /// Whether every successful inference reported its usage.
     pub usage_complete: bool,
+    /// The sum of the prompt-cache usage providers reported (tokens read
+    /// from and written to their prompt caches, part of `usage`'s input
+    /// tokens); `None` when no inference reported any.
+    pub cache_usage: Option<CacheUsage>,
     /// Who cancelled the run, when it was cancelled (or hit its deadline).
     pub cancel_cause: Option<CancelCause>,
     /// Values emitted through `emit_output` ([`OutputsPlugin`](crate::plugins::OutputsPlugin)),
@@ -146,6 +150,7 @@ impl AgentRunResult {
             steps: 0,
             usage: TokenUsage::default(),
             usage_complete: true,
+            cache_usage: None,
             cancel_cause: None,
             outputs: BTreeMap::new(),
             exports: BTreeMap::new(),
@@ -177,6 +182,7 @@ pub(crate) mod tests_support {
                 output_tokens: 0,
             },
             usage_complete: true,
+            cache_usage: None,
             cancel_cause: None,
             outputs: BTreeMap::new(),
             exports: BTreeMap::new(),

@@ -400,6 +400,7 @@ fn internal_failure(
             cancel_cause: None,
             steps: 0,
             usage: TokenUsage::default(),
+            cache_usage: None,
             outputs: Default::default(),
         },
     );
@@ -414,6 +415,7 @@ fn failed_result(run_id: &str, thread_id: &str, termination: TerminationReason) 
         response: String::new(),
         steps: 0,
         usage: TokenUsage::default(),
+        cache_usage: None,
         usage_complete: false,
         cancel_cause: None,
         outputs: Default::default(),

@@ -11,16 +11,22 @@
 use std::collections::HashMap;
 
 use genai::chat::{
-    ChatMessage, ChatOptions, ChatRequest, ChatResponse, ContentPart, MessageContent, Tool,
-    ToolName, ToolResponse,
+    CacheControl, ChatMessage, ChatOptions, ChatRequest, ChatResponse, ContentPart, MessageContent,
+    Tool, ToolName, ToolResponse,
 };
 use rein_runtime_contract::inference::{InferenceDelta, InferenceRequest, ToolChoice};
-use rein_runtime_contract::message::{Role, TokenUsage, ToolCall};
+use rein_runtime_contract::message::{CacheUsage, Role, TokenUsage, ToolCall};
 use serde_json::Value;
 
 /// The genai chat request for `request`: system prompt, history (assistant
 /// tool calls and tool results paired by id) and tools.
-pub(super) fn to_chat_request(request: &InferenceRequest) -> ChatRequest {
+///
+/// With `cache_hints` (providers whose prompt cache needs breakpoints:
+/// Anthropic), two are marked: the system prompt, which caches the tool
+/// list and the system prompt, and the last message, which caches the
+/// whole prompt for the next round to read (it differs only by what the
+/// round added, unless the context policy compacted).
+pub(super) fn to_chat_request(request: &InferenceRequest, cache_hints: bool) -> ChatRequest {
     // Tool name of each call id, for the tool results (Gemini wants it).
     let call_names: HashMap<&str, &str> = request
         .messages
@@ -62,9 +68,18 @@ pub(super) fn to_chat_request(request: &InferenceRequest) -> ChatRequest {
         };
         messages.push(chat_message);
     }
+    if cache_hints && let Some(last) = messages.last_mut() {
+        last.options = Some(CacheControl::Ephemeral.into());
+    }
     let mut chat_request = ChatRequest::new(messages);
     if let Some(system) = &request.system {
-        chat_request = chat_request.with_system(system.clone());
+        if cache_hints {
+            // A system message carries its own cache breakpoint.
+            let system = ChatMessage::system(system.clone()).with_options(CacheControl::Ephemeral);
+            chat_request.messages.insert(0, system);
+        } else {
+            chat_request = chat_request.with_system(system.clone());
+        }
     }
     if !request.tools.is_empty() {
         chat_request = chat_request.with_tools(request.tools.iter().map(|tool| {
@@ -118,6 +133,9 @@ pub(super) fn response_deltas(response: ChatResponse) -> Vec<InferenceDelta> {
     if let Some(usage) = usage {
         deltas.push(InferenceDelta::Usage { usage });
     }
+    if let Some(cache) = cache_usage(&response.usage) {
+        deltas.push(InferenceDelta::CacheUsage { cache });
+    }
     deltas
 }
 
@@ -161,6 +179,22 @@ pub(super) fn token_usage(usage: &genai::chat::Usage) -> Option<TokenUsage> {
     ))
 }
 
+/// Prompt-cache usage when the provider reported cache reads or writes
+/// (genai's `prompt_tokens_details`, which it fills from Anthropic's
+/// `cache_read_input_tokens` / `cache_creation_input_tokens` and OpenAI's
+/// `cached_tokens`).
+pub(super) fn cache_usage(usage: &genai::chat::Usage) -> Option<CacheUsage> {
+    let details = usage.prompt_tokens_details.as_ref()?;
+    if details.cached_tokens.is_none() && details.cache_creation_tokens.is_none() {
+        return None;
+    }
+    let count = |tokens: Option<i32>| tokens.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+    Some(CacheUsage::new(
+        count(details.cached_tokens),
+        count(details.cache_creation_tokens),
+    ))
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -192,7 +226,7 @@ pub(super) mod tests {
         let request = InferenceRequest::new("m", history)
             .with_system("you are helpful")
             .with_tools(vec![search_tool()]);
-        let chat = to_chat_request(&request);
+        let chat = to_chat_request(&request, false);
 
         assert_eq!(chat.system.as_deref(), Some("you are helpful"));
         let roles: Vec<_> = chat.messages.iter().map(|m| m.role.clone()).collect();
@@ -229,7 +263,7 @@ pub(super) mod tests {
             Message::user("hi"),
             Message::assistant_with_tools("", vec![ToolCall::new("c", "t", json!({}))]),
         ];
-        let chat = to_chat_request(&InferenceRequest::new("m", history));
+        let chat = to_chat_request(&InferenceRequest::new("m", history), false);
         assert!(chat.messages[1].content.texts().is_empty());
         assert_eq!(chat.messages[1].content.tool_calls().len(), 1);
     }
@@ -246,7 +280,7 @@ pub(super) mod tests {
         assert_eq!(options.max_tokens, Some(128));
         assert_eq!(options.capture_usage, Some(true));
         assert_eq!(options.capture_tool_calls, Some(true));
-        assert!(to_chat_request(&request).tools.is_none());
+        assert!(to_chat_request(&request, false).tools.is_none());
 
         let mut request = request.with_tools(vec![search_tool()]);
         request.tool_choice = ToolChoice::Tool("search".into());

@@ -304,6 +304,17 @@ impl GenaiExecutor {
     }
 }
 
+/// Whether `model` is served over a protocol whose prompt cache needs
+/// explicit breakpoints (Anthropic's `cache_control`). OpenAI and Gemini
+/// cache prefixes on their own; other adapters get no hints. A model that
+/// does not resolve gets none either (sending reports the error).
+async fn wants_cache_hints(client: &genai::Client, model: &str) -> bool {
+    client
+        .resolve_service_target(model)
+        .await
+        .is_ok_and(|target| target.model.adapter_kind == AdapterKind::Anthropic)
+}
+
 #[async_trait]
 impl LlmExecutor for GenaiExecutor {
     /// Sends the request through genai and returns the answer's stream.
@@ -324,7 +335,8 @@ impl LlmExecutor for GenaiExecutor {
     /// task keeps it alive.
     async fn open(&self, request: &InferenceRequest) -> Result<InferenceStream, InferenceError> {
         let client = self.client.as_ref().map_err(Clone::clone)?;
-        let chat_request = to_chat_request(request);
+        let chat_request =
+            to_chat_request(request, wants_cache_hints(client, &request.model).await);
         let mut options = chat_options(request);
         if self.streaming {
             options = options.with_stream_header_timeout(self.request_timeout);

@@ -18,7 +18,7 @@ use genai::chat::{ChatStream, ChatStreamEvent, StreamEnd};
 use rein_runtime_contract::inference::{InferenceDelta, InferenceError, InferenceStream};
 
 use super::errors::{Phase, classify_genai_error, secs};
-use super::mapping::{token_usage, tool_call};
+use super::mapping::{cache_usage, token_usage, tool_call};
 
 /// Turns genai's stream into deltas: text as it comes, then the complete
 /// tool calls and the usage at genai's `End`.
@@ -125,6 +125,7 @@ impl DeltaStream {
     /// Queues the tool calls (once each) and the usage of a finished stream.
     fn finish(&mut self, end: StreamEnd) {
         let usage = end.captured_usage.as_ref().and_then(token_usage);
+        let cache = end.captured_usage.as_ref().and_then(cache_usage);
         let mut calls = end.captured_into_tool_calls().unwrap_or_default();
         if calls.is_empty() {
             calls = std::mem::take(&mut self.chunked_calls);
@@ -136,6 +137,10 @@ impl DeltaStream {
         }));
         if let Some(usage) = usage {
             self.pending.push_back(Ok(InferenceDelta::Usage { usage }));
+        }
+        if let Some(cache) = cache {
+            self.pending
+                .push_back(Ok(InferenceDelta::CacheUsage { cache }));
         }
     }
 }

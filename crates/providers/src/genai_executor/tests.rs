@@ -8,7 +8,7 @@ use super::mapping::tests::search_tool;
 use super::*;
 use futures::StreamExt;
 use rein_runtime_contract::inference::{InferenceDelta, ToolChoice};
-use rein_runtime_contract::message::{Message, TokenUsage, ToolCall};
+use rein_runtime_contract::message::{CacheUsage, Message, TokenUsage, ToolCall};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -344,6 +344,72 @@ async fn non_streaming_answers_become_the_same_deltas() {
     assert_eq!(answer.usage, Some(TokenUsage::new(3, 2)));
     let sent: Value = serde_json::from_str(&server.await.unwrap()).unwrap();
     assert_eq!(sent["stream"], false);
+    assert!(
+        !sent.to_string().contains("cache_control"),
+        "an OpenAI request got cache hints: {sent}"
+    );
+}
+
+#[tokio::test]
+async fn an_anthropic_request_marks_the_system_and_last_message_and_reports_cache_usage() {
+    let body = json!({
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "content": [{"type": "text", "text": "Hi"}],
+        "stop_reason": "end_turn",
+        "usage": {
+            "input_tokens": 5,
+            "cache_read_input_tokens": 100,
+            "cache_creation_input_tokens": 20,
+            "output_tokens": 2
+        }
+    })
+    .to_string();
+    let (base_url, server) = serve_once(json_response("200 OK", &body)).await;
+    let client = genai::Client::builder()
+        .with_adapter_kind(AdapterKind::Anthropic)
+        .append_provider_config(
+            AdapterKind::Anthropic,
+            (
+                Endpoint::from_owned(format!("{base_url}/")),
+                AuthData::from_single("test-key"),
+            ),
+        )
+        .build()
+        .unwrap();
+    let history = vec![
+        Message::user("first"),
+        Message::assistant("answer"),
+        Message::user("second"),
+    ];
+    let request = InferenceRequest::new("claude-test", history)
+        .with_system("be brief")
+        .with_tools(vec![search_tool()]);
+    let answer = GenaiExecutor::with_client(client)
+        .with_streaming(false)
+        .complete(&request)
+        .await
+        .unwrap();
+    assert_eq!(answer.text, "Hi");
+    assert_eq!(answer.cache, Some(CacheUsage::new(100, 20)));
+    // genai counts cached and written tokens into the prompt tokens.
+    assert_eq!(answer.usage, Some(TokenUsage::new(125, 2)));
+    let sent: Value = serde_json::from_str(&server.await.unwrap()).unwrap();
+    let system = sent["system"].as_array().expect("system as blocks");
+    assert_eq!(system.last().unwrap()["text"], "be brief");
+    assert_eq!(
+        system.last().unwrap()["cache_control"]["type"],
+        "ephemeral",
+        "{sent}"
+    );
+    let messages = sent["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3, "{sent}");
+    let marked: Vec<usize> = (0..messages.len())
+        .filter(|i| messages[*i].to_string().contains("cache_control"))
+        .collect();
+    assert_eq!(marked, [2], "only the last message is a breakpoint: {sent}");
 }
 
 fn json_response(status: &str, body: &str) -> String {

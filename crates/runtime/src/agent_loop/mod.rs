@@ -40,7 +40,7 @@ use rein_runtime_contract::inference::{
     ToolChoice,
 };
 use rein_runtime_contract::lifecycle::{StoppedReason, TerminationReason};
-use rein_runtime_contract::message::{Message, TokenUsage, ToolCall, ToolResult};
+use rein_runtime_contract::message::{CacheUsage, Message, TokenUsage, ToolCall, ToolResult};
 use rein_runtime_contract::phase::Phase;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -126,6 +126,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         steps: 0,
         usage: TokenUsage::default(),
         usage_complete: true,
+        cache_usage: None,
         response: String::new(),
     };
     run.emit(|| AgentEvent::RunStarted {
@@ -187,6 +188,7 @@ struct Run {
     steps: u32,
     usage: TokenUsage,
     usage_complete: bool,
+    cache_usage: Option<CacheUsage>,
     response: String,
     /// What the model sees, for agents with a context policy or a budget.
     context: Option<ContextWindow>,
@@ -674,6 +676,11 @@ impl Run {
             }
             None => self.usage_complete = false,
         }
+        if let Some(cache) = response.cache {
+            self.cache_usage
+                .get_or_insert_with(CacheUsage::default)
+                .add(cache);
+        }
         self.overflow_retried = false;
         self.record(InferenceRecord::Succeeded(&response));
         // A per-request tool choice applies until the first successful inference.
@@ -855,6 +862,11 @@ impl Run {
             Some(usage) => self.usage.add(usage),
             None => self.usage_complete = false,
         }
+        if let Some(cache) = response.cache {
+            self.cache_usage
+                .get_or_insert_with(CacheUsage::default)
+                .add(cache);
+        }
         let Some(change) = context.apply_summary(&plan, &response.text) else {
             return Ok(false);
         };
@@ -956,6 +968,7 @@ impl Run {
             cancel_cause: cancel_cause.clone(),
             steps: self.steps,
             usage: self.usage,
+            cache_usage: self.cache_usage,
             outputs: outputs.clone(),
         });
         AgentRunResult {
@@ -966,6 +979,7 @@ impl Run {
             steps: self.steps,
             usage: self.usage,
             usage_complete: self.usage_complete,
+            cache_usage: self.cache_usage,
             cancel_cause,
             outputs,
             exports,

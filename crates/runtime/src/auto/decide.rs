@@ -206,6 +206,7 @@ mod tests {
             steps: 1,
             usage: TokenUsage::default(),
             usage_complete: true,
+            cache_usage: None,
             cancel_cause: None,
             outputs: BTreeMap::new(),
             exports: BTreeMap::new(),

@@ -97,6 +97,7 @@ mod tests {
                 .map(|n| ToolCall::new("c", *n, serde_json::json!({})))
                 .collect(),
             usage,
+            cache: None,
         }
     }
 

@@ -237,6 +237,7 @@ fn ended_without_engine(
         cancel_cause,
         steps: 0,
         usage: Default::default(),
+        cache_usage: None,
         outputs: Default::default(),
     };
     let event = StoredEvent {
@@ -1152,6 +1153,7 @@ fn result_of(entry: &RunEntry, record: Option<RunRecord>) -> AgentRunResult {
     result.response = record.response.unwrap_or_default();
     result.steps = record.steps.unwrap_or_default();
     result.usage = record.usage.unwrap_or_default();
+    result.cache_usage = record.cache_usage;
     result.cancel_cause = record.cancel_cause;
     result
 }

@@ -60,6 +60,9 @@ pub struct RunRecord {
     /// Token usage.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<rein::contract::message::TokenUsage>,
+    /// Prompt-cache usage, when a provider reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_usage: Option<rein::contract::message::CacheUsage>,
     /// Who cancelled it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cancel_cause: Option<CancelCause>,
@@ -162,6 +165,7 @@ impl RunEntry {
                 response: None,
                 steps: None,
                 usage: None,
+                cache_usage: None,
                 cancel_cause: None,
             },
         }
@@ -471,6 +475,7 @@ impl Records {
             cancel_cause: cancel_cause.clone(),
             steps: 0,
             usage: Default::default(),
+            cache_usage: None,
             outputs: Default::default(),
         };
         let logged = entry.append(&event);
@@ -540,6 +545,7 @@ pub(super) fn finished_record(
         response: Some(result.response.clone()),
         steps: Some(result.steps),
         usage: Some(result.usage),
+        cache_usage: result.cache_usage,
         cancel_cause: result.cancel_cause.clone(),
     }
 }
