@@ -209,9 +209,11 @@ pub mod events {
 /// and where offloaded tool results live ([`ArtifactStore`](context::ArtifactStore)).
 /// `docs/context.md` explains the model.
 pub mod context {
+    #[cfg(feature = "tiktoken")]
+    pub use rein_runtime::context::TiktokenCounter;
     pub use rein_runtime::context::{
         ArtifactError, ArtifactStore, Calibration, DirArtifactStore, InMemoryArtifactStore,
-        READ_ARTIFACT, ReadArtifact, tokens,
+        READ_ARTIFACT, ReadArtifact, TokenCounter, tokens,
     };
     pub use rein_runtime_contract::context::{
         CompactPolicy, ContextPolicy, DEFAULT_SUMMARY_PROMPT, MAX_WINDOW_TOKENS, OffloadPolicy,

@@ -10,7 +10,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::{assert_history_valid, builder_with, spec, user};
-use rein::context::{ContextPolicy, SummarizePolicy};
+use rein::context::{ContextPolicy, SummarizePolicy, TokenCounter};
 use rein::contract::event::AgentEvent;
 use rein::contract::inference::{InferenceError, InferenceErrorKind, InferenceRequest};
 use rein::prelude::*;
@@ -420,6 +420,92 @@ async fn prompt_cache_usage_is_summed_over_the_run_and_absent_when_never_reporte
     assert_eq!(result.cache_usage, None);
     let json = serde_json::to_value(events.last().unwrap()).unwrap();
     assert!(json.get("cache_usage").is_none(), "{json}");
+}
+
+/// Records what `BeforeInference` hooks see as the prompt estimate.
+struct Estimates(Arc<Mutex<Vec<Option<u64>>>>);
+
+#[async_trait::async_trait]
+impl PhaseHook for Estimates {
+    async fn run(&self, ctx: &mut PhaseContext<'_>) -> Result<(), HookError> {
+        self.0.lock().unwrap().push(ctx.estimated_prompt_tokens());
+        Ok(())
+    }
+}
+
+struct EstimatesPlugin(Arc<Mutex<Vec<Option<u64>>>>);
+
+impl Plugin for EstimatesPlugin {
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), StateError> {
+        r.register_hook(Phase::BeforeInference, Arc::new(Estimates(self.0.clone())));
+        Ok(())
+    }
+}
+
+/// Counts words: an exact counter easy to check by hand.
+struct Words;
+
+impl TokenCounter for Words {
+    fn count(&self, text: &str) -> u64 {
+        text.split_whitespace().count() as u64
+    }
+}
+
+#[tokio::test]
+async fn hooks_see_the_prompt_estimate_counted_by_the_model_s_registered_counter() {
+    let seen: Arc<Mutex<Vec<Option<u64>>>> = Arc::default();
+    let (executor, _) = recording(|n, _| {
+        if n == 0 {
+            ScriptedResponse::tool_call("big", json!({}))
+        } else {
+            ScriptedResponse::text("done")
+        }
+    });
+    let agent =
+        spec()
+            .with_plugin_id("estimates")
+            .with_stop_condition(StopConditionSpec::TokenBudget {
+                max_total: 1_000_000,
+            });
+    let runtime = builder_with(executor, agent)
+        .with_tool("big", Arc::new(Big(200)))
+        .with_plugin("estimates", Arc::new(EstimatesPlugin(seen.clone())))
+        .with_token_counter("m", Arc::new(Words))
+        .build()
+        .unwrap();
+    runtime.run_to_completion(user("t", "go")).await.unwrap();
+    let estimates = seen.lock().unwrap().clone();
+    // Round 1: "go" (1 word) + 4 a message + the tool's schema (`{}` and
+    // the words of its name and description).
+    let first = estimates[0].unwrap();
+    assert!(first < 20, "{estimates:?}");
+    // Round 2 adds the call and its 200-line result, 7 words a line.
+    let second = estimates[1].unwrap();
+    assert!(second - first >= 1_400, "{estimates:?}");
+    assert!(second - first < 1_500, "{estimates:?}");
+
+    // Without a policy or a budget nothing is estimated.
+    let seen: Arc<Mutex<Vec<Option<u64>>>> = Arc::default();
+    let runtime = builder_with(
+        ScriptedExecutor::new(vec![ScriptedResponse::text("done")]),
+        spec().with_plugin_id("estimates"),
+    )
+    .with_plugin("estimates", Arc::new(EstimatesPlugin(seen.clone())))
+    .build()
+    .unwrap();
+    runtime.run_to_completion(user("t", "go")).await.unwrap();
+    assert_eq!(*seen.lock().unwrap(), vec![None]);
+}
+
+#[test]
+fn a_counter_for_an_unregistered_model_is_a_build_error_naming_it() {
+    let error = builder_with(ScriptedExecutor::new(vec![]), spec())
+        .with_token_counter("gpt-nope", Arc::new(Words))
+        .build()
+        .unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("\"gpt-nope\""), "{message}");
+    assert!(message.contains("registered: m"), "{message}");
 }
 
 #[test]

@@ -36,6 +36,16 @@ pub enum BuildError {
         /// What is wrong, naming the key.
         message: String,
     },
+    /// A token counter was registered for a model nobody registered.
+    #[error(
+        "a token counter is registered for model \"{model_id}\", which is not a registered model; registered: {known}"
+    )]
+    UnknownCounterModel {
+        /// The unknown model id.
+        model_id: String,
+        /// The registered model ids (or `none`).
+        known: String,
+    },
     /// Two agent specs share an id.
     #[error("agent id \"{agent_id}\" is registered twice; agent ids must be unique")]
     DuplicateAgent {
@@ -166,6 +176,7 @@ pub struct AgentRuntimeBuilder {
     plugins: Vec<(String, Arc<dyn Plugin>)>,
     providers: Vec<(String, Arc<dyn LlmExecutor>)>,
     models: Vec<ModelSpec>,
+    counters: Vec<(String, Arc<dyn crate::context::TokenCounter>)>,
     config: RuntimeConfig,
 }
 
@@ -210,6 +221,7 @@ impl AgentRuntimeBuilder {
             plugins: Vec::new(),
             providers: Vec::new(),
             models: Vec::new(),
+            counters: Vec::new(),
             config: RuntimeConfig {
                 store: Arc::new(InMemoryThreadStore::new()),
                 default_sink: Arc::new(NullSink),
@@ -275,6 +287,19 @@ impl AgentRuntimeBuilder {
     /// policy that offloads or compacts); default in memory.
     pub fn with_artifact_store(mut self, store: Arc<dyn crate::context::ArtifactStore>) -> Self {
         self.config.artifacts = store;
+        self
+    }
+
+    /// Counts prompt tokens for the model `model_id` with `counter` (its
+    /// exact tokenizer) in agents with a context policy or a token budget.
+    /// Without one, an OpenAI model gets `tiktoken`'s (with the `tiktoken`
+    /// feature) and any other model a calibrated estimate from characters.
+    pub fn with_token_counter(
+        mut self,
+        model_id: impl Into<String>,
+        counter: Arc<dyn crate::context::TokenCounter>,
+    ) -> Self {
+        self.counters.push((model_id.into(), counter));
         self
     }
 
@@ -381,6 +406,18 @@ impl AgentRuntimeBuilder {
         let mut agents = HashMap::new();
         // One calibration per model, shared by the agents that use it.
         let mut calibrations: HashMap<String, Arc<crate::context::Calibration>> = HashMap::new();
+        for (model_id, counter) in self.counters {
+            if !models.contains_key(model_id.as_str()) {
+                return Err(BuildError::UnknownCounterModel {
+                    model_id,
+                    known: list(models.keys().copied()),
+                });
+            }
+            calibrations.insert(
+                model_id,
+                Arc::new(crate::context::Calibration::with_counter(counter)),
+            );
+        }
         for spec in self.agents {
             if agents.contains_key(&spec.id) {
                 return Err(BuildError::DuplicateAgent { agent_id: spec.id });
@@ -557,11 +594,25 @@ fn context_setup(
     Ok(Some(Arc::new(crate::context::ContextSetup {
         policy,
         artifacts: artifacts.clone(),
-        calibration: calibrations.entry(model.id.clone()).or_default().clone(),
+        calibration: calibrations
+            .entry(model.id.clone())
+            .or_insert_with(|| Arc::new(default_calibration(model)))
+            .clone(),
         budget,
         reserve,
         summarizer,
     })))
+}
+
+/// A model's calibration without a registered counter: `tiktoken`'s
+/// tokenizer for an OpenAI model (with the feature), else characters.
+fn default_calibration(model: &ModelSpec) -> crate::context::Calibration {
+    #[cfg(feature = "tiktoken")]
+    if let Some(counter) = crate::context::TiktokenCounter::for_model(&model.upstream_model) {
+        return crate::context::Calibration::with_counter(Arc::new(counter));
+    }
+    let _ = model;
+    crate::context::Calibration::default()
 }
 
 fn unique<T: Clone>(

@@ -95,6 +95,7 @@ pub struct PhaseContext<'a> {
     pub(crate) tool_call: Option<&'a ToolCall>,
     pub(crate) tool_result: Option<&'a ToolResult>,
     pub(crate) directives: &'a mut Directives,
+    pub(crate) estimated_prompt_tokens: Option<u64>,
 }
 
 impl std::fmt::Debug for PhaseContext<'_> {
@@ -183,6 +184,14 @@ impl PhaseContext<'_> {
     /// As for [`state`](Self::state).
     pub fn state_mut<K: StateKey>(&mut self) -> Result<&mut K::Value, StateError> {
         self.state.get_mut::<K>()
+    }
+
+    /// The estimated prompt tokens of the next inference as the history
+    /// stands now (what the model would be sent, after offloading and
+    /// compaction so far; see `docs/context.md`). `None` for agents without
+    /// a context policy or a token budget, which do not estimate.
+    pub fn estimated_prompt_tokens(&self) -> Option<u64> {
+        self.estimated_prompt_tokens
     }
 
     /// Ends the run with `reason` at the next phase boundary. Tool calls not

@@ -303,7 +303,12 @@ impl Run {
         }
         let agent = self.agent.clone();
         let hooks = agent.hooks(phase);
+        let estimated_prompt_tokens = self
+            .context
+            .as_ref()
+            .map(|context| context.estimate_with(&self.request.messages));
         let mut ctx = PhaseContext {
+            estimated_prompt_tokens,
             phase,
             run: &self.id,
             step: self.steps,

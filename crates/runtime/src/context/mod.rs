@@ -33,7 +33,9 @@ pub mod tokens;
 
 pub use artifacts::{ArtifactError, ArtifactStore, DirArtifactStore, InMemoryArtifactStore};
 pub use read_artifact::{READ_ARTIFACT, ReadArtifact};
-pub use tokens::Calibration;
+#[cfg(feature = "tiktoken")]
+pub use tokens::TiktokenCounter;
+pub use tokens::{Calibration, TokenCounter};
 
 use std::sync::Arc;
 
@@ -127,7 +129,9 @@ impl ContextWindow {
             view
         });
         Self {
-            fixed: tokens::fixed_chars(request.system.as_deref(), &request.tools),
+            fixed: setup
+                .calibration
+                .fixed_size(request.system.as_deref(), &request.tools),
             setup,
             thread_id: thread_id.to_owned(),
             view,
@@ -156,7 +160,8 @@ impl ContextWindow {
         let new = &history[self.synced..];
         self.synced = history.len();
         let Some(view) = &mut self.view else {
-            self.chars += new.iter().map(tokens::message_chars).sum::<u64>();
+            let calibration = &self.setup.calibration;
+            self.chars += new.iter().map(|m| calibration.message_size(m)).sum::<u64>();
             return;
         };
         view.tool_choice.clone_from(&request.tool_choice);
@@ -185,7 +190,7 @@ impl ContextWindow {
             if let Some(min) = offload
                 && message.role == Role::Tool
                 && !read
-                && calibration.tokens(message.content.len() as u64, 0) >= min
+                && calibration.tokens(calibration.size(&message.content), 0) >= min
                 && let Some(text) = offload_one(
                     &*self.setup.artifacts,
                     &self.thread_id,
@@ -197,7 +202,7 @@ impl ContextWindow {
                 message.content = text;
                 reference = true;
             }
-            let chars = tokens::message_chars(&message);
+            let chars = calibration.message_size(&message);
             self.chars += chars;
             self.meta.push(Meta { chars, reference });
             added.push(message);
@@ -226,6 +231,18 @@ impl ContextWindow {
         self.setup
             .calibration
             .tokens(self.chars + self.fixed, self.messages())
+    }
+
+    /// The estimate with the history's messages not yet synced into the
+    /// view counted as they are (offloading may shrink them at the sync).
+    pub(crate) fn estimate_with(&self, history: &[Message]) -> u64 {
+        let calibration = &self.setup.calibration;
+        let pending = history.get(self.synced..).unwrap_or_default();
+        let size: u64 = pending.iter().map(|m| calibration.message_size(m)).sum();
+        calibration.tokens(
+            self.chars + self.fixed + size,
+            self.messages() + pending.len() as u64,
+        )
     }
 
     /// Notes what is being sent (for calibration by its usage).
@@ -344,7 +361,7 @@ impl ContextWindow {
         let messages = Arc::make_mut(&mut view.messages);
         for (i, text) in replaced {
             messages[i].content = text;
-            let chars = tokens::message_chars(&messages[i]);
+            let chars = self.setup.calibration.message_size(&messages[i]);
             self.chars = self.chars - self.meta[i].chars + chars;
             self.meta[i] = Meta {
                 chars,
@@ -401,7 +418,7 @@ impl ContextWindow {
             "[Summary of the earlier conversation, written to save space; the full history is \
              kept]\n{summary}"
         ));
-        let chars = tokens::message_chars(&message);
+        let chars = self.setup.calibration.message_size(&message);
         let messages = Arc::make_mut(&mut view.messages);
         messages.splice(..plan.boundary, [message]);
         let removed: u64 = self.meta[..plan.boundary].iter().map(|m| m.chars).sum();
@@ -437,7 +454,7 @@ async fn offload_one(
     }
     let text = &message.content;
     let lines = text.lines().count();
-    let tokens = calibration.tokens(text.len() as u64, 0);
+    let tokens = calibration.tokens(calibration.size(text), 0);
     let mut preview: String = text.lines().take(5).collect::<Vec<_>>().join("\n");
     if preview.len() > 300 {
         let mut cut = 300;

@@ -1,16 +1,29 @@
 //! Token estimates of a prompt, before it is sent.
 //!
-//! No tokenizer is loaded: a prompt's tokens are estimated from its
-//! characters, at a characters-per-token ratio **calibrated per model** from
-//! the input tokens the provider reports for the prompts actually sent
-//! (an exponential average, starting at 4 characters per token, kept within
-//! 1.5 to 8). `docs/context.md` records the error against reported usage on
-//! the live local model.
+//! A prompt is measured in **units**: its exact tokens where a
+//! [`TokenCounter`] fits the model (with the `tiktoken` feature, OpenAI's
+//! models get one by name), otherwise its characters. Units become tokens
+//! at a ratio **calibrated per model** from the input tokens the provider
+//! reports for the prompts actually sent (an exponential average). For
+//! characters it starts at 4 a token and stays within 1.5 to 8; for exact
+//! counts it starts at 1 and stays within 0.8 to 1.25 (what a provider's
+//! chat template adds). `docs/context.md` records the error against
+//! reported usage on the live local model.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use rein_runtime_contract::inference::InferenceRequest;
 use rein_runtime_contract::message::Message;
 use rein_runtime_contract::tool::ToolDescriptor;
+
+/// Counts the tokens of a text exactly, as one model family's tokenizer
+/// does. Registered per model with
+/// [`AgentRuntimeBuilder::with_token_counter`](crate::AgentRuntimeBuilder::with_token_counter).
+pub trait TokenCounter: Send + Sync {
+    /// The tokens of `text`.
+    fn count(&self, text: &str) -> u64;
+}
 
 /// Characters per token before any usage has been reported.
 const INITIAL_CHARS_PER_TOKEN: f64 = 4.0;
@@ -19,18 +32,30 @@ const PER_MESSAGE_TOKENS: u64 = 4;
 /// How much each new observation moves the ratio.
 const SMOOTHING: f64 = 0.5;
 
-/// A model's calibration, shared by its runs: the characters per token
-/// observed in its reported usage.
-#[derive(Debug)]
+/// A model's calibration, shared by its runs: how it measures text (a
+/// [`TokenCounter`] or characters) and the units per token observed in its
+/// reported usage.
 pub struct Calibration {
+    counter: Option<Arc<dyn TokenCounter>>,
     /// `f64` bits of the ratio.
     chars_per_token: AtomicU64,
     observations: AtomicU64,
 }
 
+impl std::fmt::Debug for Calibration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Calibration")
+            .field("exact", &self.counter.is_some())
+            .field("units_per_token", &self.chars_per_token())
+            .field("observations", &self.observations())
+            .finish()
+    }
+}
+
 impl Default for Calibration {
     fn default() -> Self {
         Self {
+            counter: None,
             chars_per_token: AtomicU64::new(INITIAL_CHARS_PER_TOKEN.to_bits()),
             observations: AtomicU64::new(0),
         }
@@ -38,9 +63,96 @@ impl Default for Calibration {
 }
 
 impl Calibration {
-    /// The current ratio.
+    /// A calibration that measures text with `counter` (exact tokens).
+    pub fn with_counter(counter: Arc<dyn TokenCounter>) -> Self {
+        Self {
+            counter: Some(counter),
+            chars_per_token: AtomicU64::new(1.0_f64.to_bits()),
+            observations: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether text is counted by a tokenizer (else by characters).
+    pub fn is_exact(&self) -> bool {
+        self.counter.is_some()
+    }
+
+    /// The current ratio: characters per token, or with a counter, counted
+    /// tokens per reported token.
     pub fn chars_per_token(&self) -> f64 {
         f64::from_bits(self.chars_per_token.load(Ordering::Relaxed))
+    }
+
+    fn bounds(&self) -> (f64, f64) {
+        if self.counter.is_some() {
+            (0.8, 1.25)
+        } else {
+            (1.5, 8.0)
+        }
+    }
+
+    /// The size of `text` in this calibration's units.
+    pub fn size(&self, text: &str) -> u64 {
+        match &self.counter {
+            Some(counter) => counter.count(text),
+            None => text.len() as u64,
+        }
+    }
+
+    /// The units a message contributes to a prompt (its text, its calls'
+    /// ids, names and arguments, the id of the call it answers).
+    pub fn message_size(&self, message: &Message) -> u64 {
+        let calls: u64 = message
+            .tool_calls
+            .iter()
+            .map(|c| self.size(&c.id) + self.size(&c.name) + self.json_size(&c.arguments))
+            .sum();
+        self.size(&message.content)
+            + calls
+            + message
+                .tool_call_id
+                .as_deref()
+                .map_or(0, |id| self.size(id))
+    }
+
+    /// The units the system prompt and tool list contribute.
+    pub fn fixed_size(&self, system: Option<&str>, tools: &[ToolDescriptor]) -> u64 {
+        let tools: u64 = tools
+            .iter()
+            .map(|t| self.size(&t.name) + self.size(&t.description) + self.json_size(&t.parameters))
+            .sum();
+        system.map_or(0, |s| self.size(s)) + tools
+    }
+
+    fn json_size(&self, value: &serde_json::Value) -> u64 {
+        match value {
+            serde_json::Value::String(s) => self.size(s) + 2,
+            serde_json::Value::Null => 4,
+            other => self.size(&other.to_string()),
+        }
+    }
+
+    /// The estimated prompt tokens of `request` as it would be sent now.
+    pub fn estimate(&self, request: &InferenceRequest) -> u64 {
+        let units = self.fixed_size(request.system.as_deref(), &request.tools)
+            + request
+                .messages
+                .iter()
+                .map(|m| self.message_size(m))
+                .sum::<u64>();
+        self.tokens(units, request.messages.len() as u64)
+    }
+
+    /// Learns from the input tokens the provider reported for `request`
+    /// (what [`estimate`](Self::estimate) measured).
+    pub fn observe_request(&self, request: &InferenceRequest, input_tokens: u64) {
+        let units = self.fixed_size(request.system.as_deref(), &request.tools)
+            + request
+                .messages
+                .iter()
+                .map(|m| self.message_size(m))
+                .sum::<u64>();
+        self.observe(units, request.messages.len() as u64, input_tokens);
     }
 
     /// How many reported usages it has learnt from.
@@ -56,7 +168,8 @@ impl Calibration {
         if text_tokens == 0 || chars == 0 {
             return;
         }
-        let observed = (chars as f64 / text_tokens as f64).clamp(1.5, 8.0);
+        let (low, high) = self.bounds();
+        let observed = (chars as f64 / text_tokens as f64).clamp(low, high);
         let seen = self.observations.fetch_add(1, Ordering::Relaxed);
         let next = if seen == 0 {
             observed
@@ -75,30 +188,37 @@ impl Calibration {
     }
 }
 
-/// The characters a message contributes to a prompt.
-pub fn message_chars(message: &Message) -> u64 {
-    let calls: usize = message
-        .tool_calls
-        .iter()
-        .map(|c| c.id.len() + c.name.len() + json_len(&c.arguments))
-        .sum();
-    (message.content.len() + calls + message.tool_call_id.as_ref().map_or(0, String::len)) as u64
+/// OpenAI's tokenizers (`tiktoken-rs`, its encodings built in, offline).
+#[cfg(feature = "tiktoken")]
+pub struct TiktokenCounter {
+    bpe: &'static tiktoken_rs::CoreBPE,
 }
 
-/// The characters the system prompt and tool list contribute.
-pub fn fixed_chars(system: Option<&str>, tools: &[ToolDescriptor]) -> u64 {
-    let tools: usize = tools
-        .iter()
-        .map(|t| t.name.len() + t.description.len() + json_len(&t.parameters))
-        .sum();
-    (system.map_or(0, str::len) + tools) as u64
+#[cfg(feature = "tiktoken")]
+impl std::fmt::Debug for TiktokenCounter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TiktokenCounter").finish_non_exhaustive()
+    }
 }
 
-fn json_len(value: &serde_json::Value) -> usize {
-    match value {
-        serde_json::Value::String(s) => s.len() + 2,
-        serde_json::Value::Null => 4,
-        other => other.to_string().len(),
+#[cfg(feature = "tiktoken")]
+impl TiktokenCounter {
+    /// The tokenizer of an OpenAI model by its name (`gpt-4o`,
+    /// `gpt-4.1-mini`, `o3`, `openai::gpt-4o` …); `None` for a model
+    /// `tiktoken` does not know (other families are estimated instead).
+    /// The first call loads the encoding (about 0.1 s).
+    pub fn for_model(model: &str) -> Option<Self> {
+        let name = model.rsplit("::").next().unwrap_or(model);
+        tiktoken_rs::bpe_for_model(name)
+            .ok()
+            .map(|bpe| Self { bpe })
+    }
+}
+
+#[cfg(feature = "tiktoken")]
+impl TokenCounter for TiktokenCounter {
+    fn count(&self, text: &str) -> u64 {
+        self.bpe.encode_ordinary(text).len() as u64
     }
 }
 
@@ -116,6 +236,32 @@ mod tests {
         c.observe(4000, 0, 1000);
         assert!((c.chars_per_token() - 3.0).abs() < 1e-9);
         assert_eq!(c.observations(), 2);
+    }
+
+    struct Words;
+    impl TokenCounter for Words {
+        fn count(&self, text: &str) -> u64 {
+            text.split_whitespace().count() as u64
+        }
+    }
+
+    #[test]
+    fn a_counter_measures_in_tokens_and_calibrates_within_a_narrow_band() {
+        let c = Calibration::with_counter(Arc::new(Words));
+        let request = InferenceRequest::new("m", vec![Message::user("one two three four")]);
+        assert_eq!(c.estimate(&request), 4 + PER_MESSAGE_TOKENS);
+        // The provider counted twice as many: the band stops at 0.8.
+        c.observe_request(&request, 2 * 4 + PER_MESSAGE_TOKENS);
+        assert_eq!(c.chars_per_token(), 0.8);
+        assert_eq!(c.estimate(&request), 5 + PER_MESSAGE_TOKENS);
+    }
+
+    #[cfg(feature = "tiktoken")]
+    #[test]
+    fn openai_models_get_an_exact_counter_and_others_none() {
+        let counter = TiktokenCounter::for_model("openai::gpt-4o").unwrap();
+        assert_eq!(counter.count("hello world"), 2);
+        assert!(TiktokenCounter::for_model("smollm2").is_none());
     }
 
     #[test]
