@@ -422,6 +422,56 @@ async fn prompt_cache_usage_is_summed_over_the_run_and_absent_when_never_reporte
     assert!(json.get("cache_usage").is_none(), "{json}");
 }
 
+#[tokio::test]
+async fn a_thread_s_next_run_goes_on_from_the_summary_its_last_run_left() {
+    let summaries = Arc::new(Mutex::new(Vec::new()));
+    let log = summaries.clone();
+    let (executor, seen) = recording(move |_, request| {
+        if request.system.as_deref() == Some(rein::context::DEFAULT_SUMMARY_PROMPT) {
+            log.lock().unwrap().push(request.messages[0].content.len());
+            return ScriptedResponse::text("SUMMARY");
+        }
+        ScriptedResponse::text("ok")
+    });
+    // Each message is about 400 tokens (uncalibrated: 4 characters a
+    // token); the window holds two of them.
+    let policy = ContextPolicy::new(1_000)
+        .with_summarize(SummarizePolicy::new(0.6).with_keep_last_rounds(1));
+    let runtime = builder_with(executor, spec().with_context(policy))
+        .build()
+        .unwrap();
+    let runs = 8;
+    for i in 0..runs {
+        let text = format!("part {i}: {}", "data ".repeat(320));
+        let r = runtime.run_to_completion(user("t", &text)).await.unwrap();
+        assert_eq!(r.termination, TerminationReason::NaturalEnd);
+    }
+    let summaries = summaries.lock().unwrap().clone();
+    // One summary a run from the second on, each of what the last summary
+    // and one round hold, never the whole history again.
+    assert_eq!(summaries.len(), runs - 1, "{summaries:?}");
+    assert!(
+        summaries.iter().all(|&chars| chars < 2 * 1_700),
+        "{summaries:?}"
+    );
+    let last = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .rfind(|r| r.system.is_none())
+        .cloned()
+        .unwrap();
+    assert_eq!(last.messages.len(), 3, "summary, answer, new part");
+    assert!(last.messages[0].content.ends_with("SUMMARY"));
+    assert!(last.messages[2].content.starts_with("part 7"));
+
+    // A deleted thread starts over.
+    runtime.delete_thread("t").await.unwrap();
+    runtime.run_to_completion(user("t", "fresh")).await.unwrap();
+    let last = seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(last.messages.len(), 1);
+}
+
 /// Records what `BeforeInference` hooks see as the prompt estimate.
 struct Estimates(Arc<Mutex<Vec<Option<u64>>>>);
 

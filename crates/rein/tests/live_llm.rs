@@ -409,6 +409,135 @@ async fn a_wrong_port_is_a_retryable_connection_error_and_consecutive_errors_sto
     );
 }
 
+/// Records each request and the input tokens the provider reported for it.
+struct Recording {
+    inner: GenaiExecutor,
+    log: Arc<Mutex<Vec<(rein::contract::inference::InferenceRequest, Option<u64>)>>>,
+}
+
+#[async_trait::async_trait]
+impl LlmExecutor for Recording {
+    async fn open(
+        &self,
+        request: &rein::contract::inference::InferenceRequest,
+    ) -> Result<rein::contract::inference::InferenceStream, InferenceError> {
+        use futures::StreamExt;
+        let index = {
+            let mut log = self.log.lock().unwrap();
+            log.push((request.clone(), None));
+            log.len() - 1
+        };
+        let stream = self.inner.open(request).await?;
+        let log = self.log.clone();
+        Ok(stream
+            .inspect(move |delta| {
+                if let Ok(rein::contract::inference::InferenceDelta::Usage { usage }) = delta {
+                    log.lock().unwrap()[index].1 = Some(usage.input_tokens);
+                }
+            })
+            .boxed())
+    }
+}
+
+/// A pasted log excerpt of about 700 of SmolLM2's tokens.
+fn log_excerpt(part: usize) -> String {
+    (0..18)
+        .map(|i| {
+            format!(
+                "2026-11-25 03:{part:02}:{i:02} WARN worker-{} request {} took {} ms (retrying)",
+                i % 4,
+                part * 100 + i,
+                100 + i * 37
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+// The local server's chat template (`chatml-function-calling`) leaves
+// tool results' text out of the prompt, so tool results cannot fill its
+// window; this task fills it with pasted documents instead.
+#[tokio::test]
+async fn a_thread_several_times_the_window_fits_a_small_context_and_the_estimate_tracks_usage() {
+    let Some((url, _turn)) = live() else {
+        return;
+    };
+    let window: u64 = 2048; // the local server's n_ctx
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let executor = Recording {
+        inner: GenaiExecutor::openai_compatible(url, None).with_streaming(false),
+        log: log.clone(),
+    };
+    let policy = rein::context::ContextPolicy::new(window)
+        .with_reserve_output_tokens(24)
+        .with_summarize(rein::context::SummarizePolicy::new(0.6).with_keep_last_rounds(1));
+    let agent = spec()
+        .with_model_id("smollm2")
+        .with_tool_choice(ToolChoice::None)
+        .with_context(policy);
+    let rt = AgentRuntimeBuilder::new()
+        .with_agent_spec(agent)
+        .with_model(model(24))
+        .with_provider("local", Arc::new(executor))
+        .build()
+        .unwrap();
+    let sink = Arc::new(CollectingSink::new());
+    let parts = 9;
+    for part in 0..parts {
+        let text = format!(
+            "Here is part {part} of the log:\n{}\nWhich worker appears most? One word.",
+            log_excerpt(part)
+        );
+        let r = rt.run(user("ctx", &text), sink.clone()).await.unwrap();
+        assert_eq!(
+            r.termination,
+            TerminationReason::NaturalEnd,
+            "part {part}: {r:?}"
+        );
+    }
+    assert_history_valid(&rt.thread_messages("ctx").await);
+    let log = log.lock().unwrap().clone();
+    let reported: Vec<u64> = log.iter().filter_map(|(_, tokens)| *tokens).collect();
+    assert_eq!(reported.len(), log.len(), "every call reported usage");
+    assert!(reported.iter().all(|&t| t < window), "{reported:?}");
+    // The first prompt is one part: the parts together are several windows.
+    assert!(
+        reported[0] * parts as u64 > 3 * window,
+        "{parts} parts of about {} tokens are not several windows",
+        reported[0]
+    );
+    let summaries = sink
+        .events()
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::ContextSummarized { .. }))
+        .count();
+    assert!(summaries >= 1, "nothing was summarized");
+
+    // The estimator's error against the reported counts, replayed with a
+    // fresh calibration as the run's learnt (estimate, then learn).
+    let calibration = rein::context::Calibration::default();
+    let mut errors = Vec::new();
+    let mut table = String::from("\nprompt  estimate  reported  error\n");
+    for (i, (request, tokens)) in log.iter().enumerate() {
+        let estimate = calibration.estimate(request);
+        let reported = tokens.unwrap();
+        let error = (estimate as f64 - reported as f64) / reported as f64;
+        table.push_str(&format!(
+            "{i:>6}  {estimate:>8}  {reported:>8}  {:>+6.1}%\n",
+            error * 100.0
+        ));
+        errors.push(error);
+        calibration.observe_request(request, reported);
+    }
+    let _ = std::io::stderr().write_all(table.as_bytes());
+    let calibrated = &errors[1..];
+    let mean = calibrated.iter().map(|e| e.abs()).sum::<f64>() / calibrated.len() as f64;
+    assert!(
+        mean < 0.15,
+        "mean error after calibration {mean:.3}: {table}"
+    );
+}
+
 /// The skip line's count is the number of `#[tokio::test]`s; it is true
 /// only if each of them skips through [`live`].
 #[test]

@@ -230,6 +230,12 @@ impl SummarizePolicy {
         self.prompt = Some(prompt.into());
         self
     }
+
+    /// Leaves the last `rounds` rounds out of the summary.
+    pub fn with_keep_last_rounds(mut self, rounds: usize) -> Self {
+        self.keep_last_rounds = rounds;
+        self
+    }
 }
 
 /// The instruction a summary is written with, unless the policy gives one.

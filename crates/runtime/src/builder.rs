@@ -601,6 +601,7 @@ fn context_setup(
         budget,
         reserve,
         summarizer,
+        views: std::sync::Mutex::default(),
     })))
 }
 

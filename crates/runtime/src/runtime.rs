@@ -742,6 +742,11 @@ impl AgentRuntime {
         if let Err(error) = self.inner.config.artifacts.delete_thread(thread_id).await {
             tracing::warn!(%error, thread_id, "could not delete the thread's artifacts");
         }
+        for agent in self.inner.agents.values() {
+            if let Some(context) = &agent.context {
+                context.forget(thread_id);
+            }
+        }
         self.inner.observers.thread_deleted(thread_id);
         Ok(())
     }

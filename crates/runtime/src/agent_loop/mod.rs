@@ -55,6 +55,10 @@ use crate::plugins::EmittedOutputs;
 use crate::policies::{InferenceRecord, StopDecision, StopStatsKey, record_inference};
 use crate::run::AgentRunResult;
 use crate::state::RunState;
+
+/// The most summarizing calls made before one inference: a history many
+/// windows long is summarized in passes of half a window each.
+const MAX_SUMMARY_PASSES: u32 = 8;
 use crate::telemetry;
 use crate::thread_store::{ThreadStore, ThreadStoreError};
 
@@ -760,11 +764,19 @@ impl Run {
         {
             self.compacted(change, "threshold");
         }
-        if context.summary_due()
+        // A history far over the window is summarized in passes (each
+        // takes what fits one summarizing call).
+        let mut passes = 0;
+        while passes < MAX_SUMMARY_PASSES
+            && context.summary_due()
             && let Some(keep) = context.summary_keep()
-            && let Err(reason) = self.summarize(context, keep).await
         {
-            return Some(reason);
+            passes += 1;
+            match self.summarize(context, keep).await {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(reason) => return Some(reason),
+            }
         }
         let budget = context.setup.budget?;
         let used = self.usage.total();
@@ -811,7 +823,12 @@ impl Run {
         let Some((model, executor)) = context.setup.summarizer.clone() else {
             return Ok(false);
         };
-        let Some(plan) = context.summary_plan(keep) else {
+        let most = context
+            .setup
+            .policy
+            .as_ref()
+            .map_or(u64::MAX, |p| p.usable_tokens() / 2);
+        let Some(plan) = context.summary_plan(keep, most) else {
             return Ok(false);
         };
         self.persist().await?;
@@ -945,6 +962,9 @@ impl Run {
         }
         if let Err(failure) = self.persist().await {
             reason = failure;
+        }
+        if let Some(context) = self.context.take() {
+            context.save(&self.request.messages);
         }
         let cancel_cause = match (&reason, self.control.cause()) {
             (TerminationReason::Cancelled, cause) => {

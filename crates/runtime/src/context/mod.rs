@@ -57,6 +57,32 @@ pub(crate) struct ContextSetup {
     pub(crate) reserve: u64,
     /// The model and executor that write summaries.
     pub(crate) summarizer: Option<(ModelSpec, Arc<dyn LlmExecutor>)>,
+    /// Each thread's view as its last run left it: the next run goes on
+    /// from it instead of offloading, compacting and summarizing the
+    /// whole history again.
+    pub(crate) views: std::sync::Mutex<std::collections::HashMap<String, SavedView>>,
+}
+
+impl ContextSetup {
+    /// Forgets the thread's saved view (the thread was deleted).
+    pub(crate) fn forget(&self, thread_id: &str) {
+        self.views
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(thread_id);
+    }
+}
+
+/// A view a run left for the thread's next run.
+pub(crate) struct SavedView {
+    messages: Arc<Vec<Message>>,
+    meta: Vec<Meta>,
+    synced: usize,
+    chars: u64,
+    reads: std::collections::HashSet<String>,
+    /// The last history message the view reflects, to recognise the
+    /// history it was made from.
+    last: Option<Message>,
 }
 
 impl std::fmt::Debug for ContextSetup {
@@ -85,6 +111,10 @@ pub(crate) struct Change {
     pub(crate) count: u32,
 }
 
+/// The first line of the message a summary replaces rounds with.
+const SUMMARY_HEADER: &str =
+    "[Summary of the earlier conversation, written to save space; the full history is kept]";
+
 /// The rounds a summary is to replace.
 pub(crate) struct SummaryPlan {
     /// View messages `..boundary` are summarized.
@@ -111,6 +141,9 @@ pub(crate) struct ContextWindow {
     /// Calls of `read_artifact` seen: their results are never offloaded
     /// as they arrive (the model asked for that text).
     reads: std::collections::HashSet<String>,
+    /// The view the thread's last run left, taken up at the first sync
+    /// (when the run's history is loaded).
+    saved: Option<SavedView>,
 }
 
 impl ContextWindow {
@@ -128,7 +161,7 @@ impl ContextWindow {
             view.messages = Arc::new(Vec::new());
             view
         });
-        Self {
+        let mut window = Self {
             fixed: setup
                 .calibration
                 .fixed_size(request.system.as_deref(), &request.tools),
@@ -140,13 +173,72 @@ impl ContextWindow {
             chars: 0,
             sent: (0, 0),
             reads: std::collections::HashSet::new(),
+            saved: None,
+        };
+        if window.view.is_some() {
+            window.saved = window
+                .setup
+                .views
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(thread_id);
         }
+        window
+    }
+
+    /// Takes up the view the thread's last run left, if it was made from
+    /// this history (the history then extends what it reflects).
+    fn resume(&mut self, saved: SavedView, history: &[Message]) {
+        let Some(view) = &mut self.view else {
+            return;
+        };
+        let same = saved.synced <= history.len()
+            && saved.synced > 0
+            && history.get(saved.synced - 1) == saved.last.as_ref();
+        if !same {
+            return;
+        }
+        view.messages = saved.messages;
+        self.meta = saved.meta;
+        self.synced = saved.synced;
+        self.chars = saved.chars;
+        self.reads = saved.reads;
+    }
+
+    /// Leaves the view for the thread's next run (see [`ContextSetup::views`]).
+    pub(crate) fn save(self, history: &[Message]) {
+        let Some(view) = self.view else {
+            return;
+        };
+        let saved = if let Some(untouched) = self.saved {
+            // The run ended before its first inference: the last view stands.
+            untouched
+        } else if self.synced == 0 || self.synced > history.len() {
+            return;
+        } else {
+            SavedView {
+                messages: view.messages,
+                meta: self.meta,
+                synced: self.synced,
+                chars: self.chars,
+                reads: self.reads,
+                last: history.get(self.synced - 1).cloned(),
+            }
+        };
+        self.setup
+            .views
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(self.thread_id, saved);
     }
 
     /// Brings the view up to `history` (appended to since the last call):
     /// new messages join it, large tool results as references.
     pub(crate) async fn sync(&mut self, request: &InferenceRequest) {
         let history = &request.messages;
+        if let Some(saved) = self.saved.take() {
+            self.resume(saved, history);
+        }
         if self.synced > history.len() {
             // The history was replaced under the run (never by the loop):
             // start over.
@@ -378,14 +470,34 @@ impl ContextWindow {
 
     /// The rounds before the last `keep` as a transcript to summarize;
     /// `None` when there are none (or no view).
-    pub(crate) fn summary_plan(&self, keep: usize) -> Option<SummaryPlan> {
+    ///
+    /// At most `max_tokens` of the oldest messages are taken, so the
+    /// summarizing call fits its window however long the history is; a
+    /// history longer than that is summarized in passes, each folding the
+    /// summary before it (the first message) into the next.
+    pub(crate) fn summary_plan(&self, keep: usize, max_tokens: u64) -> Option<SummaryPlan> {
         let view = self.view.as_ref()?;
-        let mut boundary = self.kept_from(keep);
+        let kept = self.kept_from(keep);
+        let calibration = &self.setup.calibration;
+        let mut boundary = 0;
+        let mut units = 0;
+        while boundary < kept {
+            units += self.meta[boundary].chars;
+            if boundary >= 2 && calibration.tokens(units, boundary as u64 + 1) > max_tokens {
+                break;
+            }
+            boundary += 1;
+        }
         // Never cut between a call and its results.
-        while boundary > 0 && view.messages[boundary].role == Role::Tool {
+        while boundary > 0
+            && boundary < view.messages.len()
+            && view.messages[boundary].role == Role::Tool
+        {
             boundary -= 1;
         }
-        if boundary < 2 {
+        // Something to summarize besides an earlier summary.
+        let only_summary = boundary == 1 && view.messages[0].content.starts_with(SUMMARY_HEADER);
+        if boundary == 0 || only_summary {
             return None;
         }
         let mut transcript = String::new();
@@ -414,10 +526,7 @@ impl ContextWindow {
     pub(crate) fn apply_summary(&mut self, plan: &SummaryPlan, summary: &str) -> Option<Change> {
         let before = self.estimate();
         let view = self.view.as_mut()?;
-        let message = Message::user(format!(
-            "[Summary of the earlier conversation, written to save space; the full history is \
-             kept]\n{summary}"
-        ));
+        let message = Message::user(format!("{SUMMARY_HEADER}\n{summary}"));
         let chars = self.setup.calibration.message_size(&message);
         let messages = Arc::make_mut(&mut view.messages);
         messages.splice(..plan.boundary, [message]);
