@@ -409,10 +409,13 @@ async fn a_wrong_port_is_a_retryable_connection_error_and_consecutive_errors_sto
     );
 }
 
+/// Each request sent, with the input tokens the provider reported for it.
+type RequestLog = Arc<Mutex<Vec<(rein::contract::inference::InferenceRequest, Option<u64>)>>>;
+
 /// Records each request and the input tokens the provider reported for it.
 struct Recording {
     inner: GenaiExecutor,
-    log: Arc<Mutex<Vec<(rein::contract::inference::InferenceRequest, Option<u64>)>>>,
+    log: RequestLog,
 }
 
 #[async_trait::async_trait]
