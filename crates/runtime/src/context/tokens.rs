@@ -132,26 +132,21 @@ impl Calibration {
         }
     }
 
+    /// The units of a whole request: system prompt, tools, messages.
+    fn request_size(&self, request: &InferenceRequest) -> u64 {
+        let messages: u64 = request.messages.iter().map(|m| self.message_size(m)).sum();
+        self.fixed_size(request.system.as_deref(), &request.tools) + messages
+    }
+
     /// The estimated prompt tokens of `request` as it would be sent now.
     pub fn estimate(&self, request: &InferenceRequest) -> u64 {
-        let units = self.fixed_size(request.system.as_deref(), &request.tools)
-            + request
-                .messages
-                .iter()
-                .map(|m| self.message_size(m))
-                .sum::<u64>();
-        self.tokens(units, request.messages.len() as u64)
+        self.tokens(self.request_size(request), request.messages.len() as u64)
     }
 
     /// Learns from the input tokens the provider reported for `request`
     /// (what [`estimate`](Self::estimate) measured).
     pub fn observe_request(&self, request: &InferenceRequest, input_tokens: u64) {
-        let units = self.fixed_size(request.system.as_deref(), &request.tools)
-            + request
-                .messages
-                .iter()
-                .map(|m| self.message_size(m))
-                .sum::<u64>();
+        let units = self.request_size(request);
         self.observe(units, request.messages.len() as u64, input_tokens);
     }
 
