@@ -73,6 +73,10 @@ impl ContextSetup {
     }
 }
 
+/// The most threads whose views an agent keeps between runs; past it, a
+/// thread's next run rebuilds its view from the history.
+const MAX_SAVED_VIEWS: usize = 1024;
+
 /// A view a run left for the thread's next run.
 pub(crate) struct SavedView {
     messages: Arc<Vec<Message>>,
@@ -225,11 +229,19 @@ impl ContextWindow {
                 last: history.get(self.synced - 1).cloned(),
             }
         };
-        self.setup
+        let mut views = self
+            .setup
             .views
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(self.thread_id, saved);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if views.len() >= MAX_SAVED_VIEWS && !views.contains_key(&self.thread_id) {
+            // Full: one other thread starts over from its history next time.
+            let evicted = views.keys().next().cloned();
+            if let Some(evicted) = evicted {
+                views.remove(&evicted);
+            }
+        }
+        views.insert(self.thread_id, saved);
     }
 
     /// Brings the view up to `history` (appended to since the last call):
