@@ -823,12 +823,7 @@ impl Run {
         let Some((model, executor)) = context.setup.summarizer.clone() else {
             return Ok(false);
         };
-        let most = context
-            .setup
-            .policy
-            .as_ref()
-            .map_or(u64::MAX, |p| p.usable_tokens() / 2);
-        let Some(plan) = context.summary_plan(keep, most) else {
+        let Some(plan) = context.summary_plan(keep) else {
             return Ok(false);
         };
         self.persist().await?;

@@ -483,12 +483,13 @@ impl ContextWindow {
     /// The rounds before the last `keep` as a transcript to summarize;
     /// `None` when there are none (or no view).
     ///
-    /// At most `max_tokens` of the oldest messages are taken, so the
-    /// summarizing call fits its window however long the history is; a
+    /// At most half the usable window of the oldest messages is taken, so
+    /// the summarizing call fits its window however long the history is; a
     /// history longer than that is summarized in passes, each folding the
     /// summary before it (the first message) into the next.
-    pub(crate) fn summary_plan(&self, keep: usize, max_tokens: u64) -> Option<SummaryPlan> {
+    pub(crate) fn summary_plan(&self, keep: usize) -> Option<SummaryPlan> {
         let view = self.view.as_ref()?;
+        let max_tokens = self.usable().map_or(u64::MAX, |usable| usable / 2);
         let kept = self.kept_from(keep);
         let calibration = &self.setup.calibration;
         let mut boundary = 0;
