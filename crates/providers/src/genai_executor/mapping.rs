@@ -172,11 +172,15 @@ pub(super) fn token_usage(usage: &genai::chat::Usage) -> Option<TokenUsage> {
     if usage.prompt_tokens.is_none() && usage.completion_tokens.is_none() {
         return None;
     }
-    let count = |tokens: Option<i32>| tokens.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
     Some(TokenUsage::new(
         count(usage.prompt_tokens),
         count(usage.completion_tokens),
     ))
+}
+
+/// A token count genai reported, 0 when absent or negative.
+fn count(tokens: Option<i32>) -> u64 {
+    tokens.and_then(|n| u64::try_from(n).ok()).unwrap_or(0)
 }
 
 /// Prompt-cache usage when the provider reported cache reads or writes
@@ -188,7 +192,6 @@ pub(super) fn cache_usage(usage: &genai::chat::Usage) -> Option<CacheUsage> {
     if details.cached_tokens.is_none() && details.cache_creation_tokens.is_none() {
         return None;
     }
-    let count = |tokens: Option<i32>| tokens.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
     Some(CacheUsage::new(
         count(details.cached_tokens),
         count(details.cache_creation_tokens),
