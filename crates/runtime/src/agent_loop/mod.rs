@@ -26,6 +26,7 @@
 //! releases it after [`execute`] returns.
 
 mod backoff;
+mod context;
 mod tools;
 
 pub(crate) use backoff::RetryBackoff;
@@ -47,7 +48,7 @@ use tracing::Instrument;
 
 use crate::active_runs::RunControl;
 use crate::agent::{Agent, GuardItem};
-use crate::context::{Change, ContextWindow};
+use crate::context::ContextWindow;
 use crate::detectors::{Detectors, Verdict};
 use crate::history;
 use crate::phase::{Directives, HookFailure, PhaseContext, RunIdentity, dispatch, panic_message};
@@ -744,204 +745,6 @@ impl Run {
             return Some(self.termination().unwrap_or(TerminationReason::NaturalEnd));
         }
         None
-    }
-
-    /// Brings the model's view up to date before an inference: offloads
-    /// new large results, compacts or summarizes when over the policy's
-    /// thresholds, and refuses a call the token budget cannot pay for.
-    async fn prepare_context(&mut self) -> Option<TerminationReason> {
-        let mut context = self.context.take()?;
-        let reason = self.prepare(&mut context).await;
-        self.context = Some(context);
-        reason
-    }
-
-    async fn prepare(&mut self, context: &mut ContextWindow) -> Option<TerminationReason> {
-        context.sync(&self.request).await;
-        if context.compaction_due()
-            && let Some(keep) = context.compact_keep()
-            && let Some(change) = context.compact(keep).await
-        {
-            self.compacted(change, "threshold");
-        }
-        // A history far over the window is summarized in passes (each
-        // takes what fits one summarizing call).
-        let mut passes = 0;
-        while passes < MAX_SUMMARY_PASSES
-            && context.summary_due()
-            && let Some(keep) = context.summary_keep()
-        {
-            passes += 1;
-            match self.summarize(context, keep).await {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(reason) => return Some(reason),
-            }
-        }
-        let budget = context.setup.budget?;
-        let used = self.usage.total();
-        let remaining = budget.saturating_sub(used);
-        let reserve = context.setup.reserve;
-        if context.estimate() + reserve > remaining
-            && let Some(keep) = context.compact_keep()
-            && let Some(change) = context.compact(keep.min(1)).await
-        {
-            self.compacted(change, "budget");
-        }
-        let prompt = context.estimate();
-        let need = prompt + reserve;
-        (need > remaining).then(|| {
-            TerminationReason::stopped(
-                "token_budget",
-                format!(
-                    "the next inference was not sent: it would need about {need} tokens (a prompt of about {prompt} estimated + {reserve} reserved for the answer) but {remaining} of the {budget}-token budget remain ({used} used), so it would exceed the budget by about {}",
-                    need - remaining
-                ),
-            )
-        })
-    }
-
-    fn compacted(&self, change: Change, trigger: &str) {
-        self.emit(|| AgentEvent::ContextCompacted {
-            run_id: self.id.run_id.clone(),
-            thread_id: self.id.thread_id.clone(),
-            before_tokens: change.before,
-            after_tokens: change.after,
-            references: change.count,
-            trigger: trigger.to_owned(),
-        });
-    }
-
-    /// Replaces the view's rounds before the last `keep` by a summary the
-    /// summarizing model writes. The history is stored first. A failed
-    /// summary changes nothing (logged); a cancel ends the run.
-    async fn summarize(
-        &mut self,
-        context: &mut ContextWindow,
-        keep: usize,
-    ) -> Result<bool, TerminationReason> {
-        let Some((model, executor)) = context.setup.summarizer.clone() else {
-            return Ok(false);
-        };
-        let Some(plan) = context.summary_plan(keep) else {
-            return Ok(false);
-        };
-        self.persist().await?;
-        let prompt = context
-            .setup
-            .policy
-            .as_ref()
-            .and_then(|p| p.summarize.as_ref())
-            .and_then(|s| s.prompt.clone())
-            .unwrap_or_else(|| rein_runtime_contract::context::DEFAULT_SUMMARY_PROMPT.to_owned());
-        let mut request = InferenceRequest::new(
-            model.upstream_model.clone(),
-            vec![Message::user(plan.transcript.clone())],
-        )
-        .with_system(prompt);
-        request.temperature = model.temperature;
-        request.max_output_tokens = model.max_output_tokens;
-        let work = async {
-            let mut stream = executor.open(&request).await?;
-            let mut response = InferenceResponse::default();
-            while let Some(delta) = stream.next().await {
-                response.apply(delta?);
-            }
-            Ok::<InferenceResponse, InferenceError>(response)
-        };
-        let outcome = tokio::select! {
-            biased;
-            _ = interrupted(&self.control) => return Err(self.cancelled_reason()),
-            outcome = AssertUnwindSafe(work).catch_unwind() => outcome,
-        };
-        let response = match outcome {
-            Ok(Ok(response)) if !response.text.trim().is_empty() => response,
-            Ok(Ok(_)) => {
-                tracing::warn!(
-                    run_id = self.id.run_id,
-                    "the summary came back empty; the rounds stay"
-                );
-                return Ok(false);
-            }
-            Ok(Err(error)) => {
-                tracing::warn!(%error, run_id = self.id.run_id, "the summary failed; the rounds stay");
-                return Ok(false);
-            }
-            Err(_) => {
-                tracing::warn!(
-                    run_id = self.id.run_id,
-                    "the summarizing executor panicked; the rounds stay"
-                );
-                return Ok(false);
-            }
-        };
-        match response.usage {
-            Some(usage) => self.usage.add(usage),
-            None => self.usage_complete = false,
-        }
-        if let Some(cache) = response.cache {
-            self.cache_usage
-                .get_or_insert_with(CacheUsage::default)
-                .add(cache);
-        }
-        let Some(change) = context.apply_summary(&plan, &response.text) else {
-            return Ok(false);
-        };
-        self.emit(|| AgentEvent::ContextSummarized {
-            run_id: self.id.run_id.clone(),
-            thread_id: self.id.thread_id.clone(),
-            before_tokens: change.before,
-            after_tokens: change.after,
-            messages: change.count,
-            usage: response.usage,
-        });
-        Ok(true)
-    }
-
-    /// The provider refused the prompt as over its window: compact (and
-    /// summarize) what can be, keeping only the last round, and retry the
-    /// inference once. Ends the run with `context_window` when nothing
-    /// can be reduced or the retry is refused too.
-    async fn recover_overflow(&mut self, error: &InferenceError) -> Option<TerminationReason> {
-        let mut context = self.context.take()?;
-        let mut reduced = false;
-        if !self.overflow_retried {
-            self.overflow_retried = true;
-            if let Some(change) = context.compact(1).await {
-                self.compacted(change, "overflow");
-                reduced = true;
-            }
-            match self.summarize(&mut context, 1).await {
-                Ok(summarized) => reduced |= summarized,
-                Err(reason) => {
-                    self.context = Some(context);
-                    return Some(reason);
-                }
-            }
-        }
-        let estimate = context.estimate();
-        let window = context.setup.policy.as_ref().map(|p| p.window_tokens);
-        self.context = Some(context);
-        if reduced {
-            self.emit(|| AgentEvent::InferenceRetry {
-                run_id: self.id.run_id.clone(),
-                thread_id: self.id.thread_id.clone(),
-                attempt: 1,
-                error: error.to_string(),
-                delay_ms: 0,
-            });
-            return None;
-        }
-        let window = window.map_or_else(
-            || "no context policy to reduce it".to_owned(),
-            |w| format!("a window of {w} tokens"),
-        );
-        Some(TerminationReason::stopped(
-            "context_window",
-            format!(
-                "the prompt does not fit the model's context window even after compaction: about {estimate} tokens estimated for {window}; the provider said: {error}"
-            ),
-        ))
     }
 
     /// Ends the run: repairs the history, runs `RunEnd` hooks, persists,
