@@ -23,17 +23,29 @@ use serde_json::json;
 /// A model that, each round, reports `Val ACC` from `scores` (one per round)
 /// and then answers `closing`. Usage 10 in / 5 out per inference.
 fn experimenter(scores: Vec<f64>, closing: &'static str) -> ScriptedExecutor {
+    counted_experimenter(scores, closing, (10, 5), Arc::default())
+}
+
+/// [`experimenter`] with `usage` (input, output) per inference, counting
+/// the calls it answers in `calls`.
+fn counted_experimenter(
+    scores: Vec<f64>,
+    closing: &'static str,
+    usage: (u64, u64),
+    calls: Arc<Mutex<usize>>,
+) -> ScriptedExecutor {
     let round = Mutex::new(0usize);
     ScriptedExecutor::from_fn(move |req| {
+        *calls.lock().unwrap() += 1;
         let last = req.messages.last().unwrap();
         if last.role == Role::User {
             let mut n = round.lock().unwrap();
             let score = scores[(*n).min(scores.len() - 1)];
             *n += 1;
             ScriptedResponse::tool_call("report_metrics", json!({"metrics": {"Val ACC": score}}))
-                .with_usage(10, 5)
+                .with_usage(usage.0, usage.1)
         } else {
-            ScriptedResponse::text(closing).with_usage(10, 5)
+            ScriptedResponse::text(closing).with_usage(usage.0, usage.1)
         }
     })
 }
@@ -98,15 +110,23 @@ async fn improving_metrics_run_rounds_until_the_goal_is_reached() {
 
 #[tokio::test]
 async fn progress_events_carry_session_tokens_and_the_budget() {
-    let runtime = auto_runtime(experimenter(vec![0.1], "ok"));
-    let policy = AutomationPolicy::from_json(r#"{"maxTokens": 60}"#).unwrap();
+    // Realistic prompt sizes (the agent's tool list alone is ~190 tokens):
+    // 300 in / 20 out per call, two calls a round.
+    let model = counted_experimenter(vec![0.1], "ok", (300, 20), Arc::default());
+    let runtime = auto_runtime(model);
+    let policy = AutomationPolicy::from_json(r#"{"maxTokens": 1500}"#).unwrap();
     let sink = Arc::new(CollectingSink::new());
     let r = runtime
         .auto_run(user("t", "go"), policy, sink.clone())
         .await
         .unwrap();
-    assert_eq!(r.stop_reason, "token budget reached (60/60)");
-    assert_eq!(r.rounds, 2);
+    assert!(
+        r.stop_reason.starts_with("token budget reached ("),
+        "{}",
+        r.stop_reason
+    );
+    assert!(r.tokens_used_session <= 1500, "no overshoot");
+    assert!(r.rounds >= 2);
     let budgets: Vec<(u64, Option<u64>)> = sink
         .events()
         .into_iter()
@@ -119,7 +139,43 @@ async fn progress_events_carry_session_tokens_and_the_budget() {
             _ => None,
         })
         .collect();
-    assert_eq!(budgets, [(30, Some(60)), (60, Some(60)), (60, Some(60))]);
+    // One after every round and one for the stop, each with the budget;
+    // session tokens only grow, and the last is the session's.
+    assert_eq!(budgets.len(), r.runs.len() + 1);
+    assert!(budgets.iter().all(|(_, max)| *max == Some(1500)));
+    assert!(budgets.windows(2).all(|w| w[0].0 <= w[1].0));
+    assert_eq!(budgets[0].0, 640);
+    assert_eq!(budgets.last().unwrap().0, r.tokens_used_session);
+}
+
+#[tokio::test]
+async fn the_session_budget_refuses_a_round_s_call_before_it_would_exceed_it() {
+    // Each round makes two calls of 320 tokens; the second round's first
+    // call, a prompt of more than 300 tokens, would need more than the 260
+    // that remain of 900.
+    let calls = Arc::new(Mutex::new(0usize));
+    let model = counted_experimenter(vec![0.1], "ok", (300, 20), calls.clone());
+    let runtime = auto_runtime(model);
+    let policy = AutomationPolicy::from_json(r#"{"maxTokens": 900}"#).unwrap();
+    let r = runtime
+        .auto_run(user("t", "go"), policy, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert!(
+        r.stop_reason
+            .starts_with("token budget reached (640/900): the next inference was not sent"),
+        "{}",
+        r.stop_reason
+    );
+    assert_eq!(r.rounds, 2);
+    assert_eq!(r.tokens_used_session, 640, "no overshoot");
+    assert_eq!(*calls.lock().unwrap(), 2, "the refused call was never made");
+    let last = r.runs.last().unwrap();
+    match &last.termination {
+        TerminationReason::Stopped(s) => assert_eq!(s.code, "token_budget"),
+        other => panic!("expected token_budget, got {other:?}"),
+    }
+    assert_eq!(last.usage.total(), 0);
 }
 
 #[tokio::test]

@@ -376,6 +376,82 @@ async fn the_token_budget_refuses_the_call_that_would_exceed_it_before_it_is_mad
 }
 
 #[tokio::test]
+async fn a_request_s_own_token_budget_refuses_before_spending_on_an_agent_without_one() {
+    let (executor, seen) = recording(|n, _| {
+        if n == 0 {
+            ScriptedResponse::tool_call("big", json!({})).with_usage(100, 10)
+        } else {
+            ScriptedResponse::text("done").with_usage(100, 10)
+        }
+    });
+    let runtime = builder_with(executor, spec())
+        .with_tool("big", Arc::new(Big(200)))
+        .build()
+        .unwrap();
+    let result = runtime
+        .run(
+            user("t", "go").with_token_budget(1_000),
+            Arc::new(CollectingSink::new()),
+        )
+        .await
+        .unwrap();
+    match &result.termination {
+        TerminationReason::Stopped(r) => {
+            assert_eq!(r.code, "token_budget");
+            assert!(
+                r.detail.contains("890 of the 1000-token budget remain"),
+                "{}",
+                r.detail
+            );
+        }
+        other => panic!("expected token_budget, got {other:?}"),
+    }
+    assert_eq!(seen.lock().unwrap().len(), 1, "no call over the budget");
+    // The same agent without a request budget answers.
+    let result = runtime
+        .run(user("u", "go"), Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+}
+
+#[tokio::test]
+async fn the_smaller_of_the_agent_s_and_the_request_s_budget_holds() {
+    let answer = |n: usize, _: &InferenceRequest| {
+        if n == 0 {
+            ScriptedResponse::tool_call("big", json!({})).with_usage(100, 10)
+        } else {
+            ScriptedResponse::text("done").with_usage(100, 10)
+        }
+    };
+    for (agent, request, remain) in [
+        (1_000, 5_000, "890 of the 1000-token budget"),
+        (5_000, 1_000, "890 of the 1000-token budget"),
+    ] {
+        let (executor, _) = recording(answer);
+        let agent = spec().with_stop_condition(StopConditionSpec::TokenBudget { max_total: agent });
+        let runtime = builder_with(executor, agent)
+            .with_tool("big", Arc::new(Big(200)))
+            .build()
+            .unwrap();
+        let result = runtime
+            .run(
+                user("t", "go").with_token_budget(request),
+                Arc::new(CollectingSink::new()),
+            )
+            .await
+            .unwrap();
+        match &result.termination {
+            TerminationReason::Stopped(r) => {
+                assert_eq!(r.code, "token_budget");
+                assert!(r.detail.contains(remain), "{}", r.detail);
+            }
+            other => panic!("expected token_budget, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
 async fn without_a_policy_the_model_sees_the_history_itself() {
     let (executor, seen) = recording(|n, _| {
         if n == 0 {

@@ -42,6 +42,11 @@ pub(crate) struct Agent {
     /// Context management, for agents with a context policy or a token
     /// budget.
     pub(crate) context: Option<Arc<crate::context::ContextSetup>>,
+    /// What a run with its own token budget
+    /// ([`RunRequest::with_token_budget`](crate::RunRequest::with_token_budget))
+    /// measures its prompts with: `context` when the agent has one, else a
+    /// setup without policy or budget.
+    pub(crate) measure: Arc<crate::context::ContextSetup>,
 }
 
 impl std::fmt::Debug for Agent {

@@ -506,7 +506,7 @@ impl AgentRuntimeBuilder {
                     tools.insert(name, tool);
                 }
             }
-            let context = context_setup(
+            let (measure, context) = context_setup(
                 &spec,
                 model,
                 &executor,
@@ -528,6 +528,7 @@ impl AgentRuntimeBuilder {
                 descriptors,
                 hooks,
                 context,
+                measure,
                 keys: std::mem::take(&mut registrar.keys),
                 spec,
             };
@@ -537,8 +538,9 @@ impl AgentRuntimeBuilder {
     }
 }
 
-/// The context setup of an agent with a context policy or a token budget
-/// (`None` for the others: their runs measure nothing).
+/// An agent's context setup, and whether its runs use it: those of an
+/// agent with a context policy or a token budget always do; the others
+/// measure nothing unless a request brings its own token budget.
 fn context_setup(
     spec: &AgentSpec,
     model: &ModelSpec,
@@ -547,22 +549,16 @@ fn context_setup(
     providers: &HashMap<&str, Arc<dyn LlmExecutor>>,
     artifacts: &Arc<dyn crate::context::ArtifactStore>,
     calibrations: &mut HashMap<String, Arc<crate::context::Calibration>>,
-) -> Result<Option<Arc<crate::context::ContextSetup>>, BuildError> {
-    use rein_runtime_contract::lifecycle::StopConditionSpec;
-    let budget = spec
-        .stop_conditions
-        .iter()
-        .filter_map(|c| match c {
-            StopConditionSpec::TokenBudget { max_total } if *max_total > 0 => {
-                Some(*max_total as u64)
-            }
-            _ => None,
-        })
-        .min();
+) -> Result<
+    (
+        Arc<crate::context::ContextSetup>,
+        Option<Arc<crate::context::ContextSetup>>,
+    ),
+    BuildError,
+> {
+    let budget = smallest_token_budget(spec);
     let policy = spec.context.clone();
-    if policy.is_none() && budget.is_none() {
-        return Ok(None);
-    }
+    let active = policy.is_some() || budget.is_some();
     let summarizer =
         match policy.as_ref().and_then(|p| p.summarize.as_ref()) {
             None => None,
@@ -591,18 +587,39 @@ fn context_setup(
         .as_ref()
         .map_or(0, |p| p.reserve_output_tokens)
         .max(model.max_output_tokens.map_or(0, u64::from));
-    Ok(Some(Arc::new(crate::context::ContextSetup {
+    let setup = Arc::new(crate::context::ContextSetup {
         policy,
         artifacts: artifacts.clone(),
-        calibration: calibrations
-            .entry(model.id.clone())
-            .or_insert_with(|| Arc::new(default_calibration(model)))
-            .clone(),
+        // A tokenizer is loaded for agents that use it; the others measure
+        // a run's own budget with a registered counter or characters.
+        calibration: if active {
+            calibrations
+                .entry(model.id.clone())
+                .or_insert_with(|| Arc::new(default_calibration(model)))
+                .clone()
+        } else {
+            calibrations.get(&model.id).cloned().unwrap_or_default()
+        },
         budget,
         reserve,
         summarizer,
         views: std::sync::Mutex::default(),
-    })))
+    });
+    Ok((setup.clone(), active.then_some(setup)))
+}
+
+/// The smallest of the agent's `token_budget`s (0 disables one), if any.
+pub(crate) fn smallest_token_budget(spec: &AgentSpec) -> Option<u64> {
+    use rein_runtime_contract::lifecycle::StopConditionSpec;
+    spec.stop_conditions
+        .iter()
+        .filter_map(|c| match c {
+            StopConditionSpec::TokenBudget { max_total } if *max_total > 0 => {
+                Some(*max_total as u64)
+            }
+            _ => None,
+        })
+        .min()
 }
 
 /// A model's calibration without a registered counter: `tiktoken`'s

@@ -21,6 +21,7 @@ pub struct RunRequest {
     pub(crate) cancellation: Option<CancellationToken>,
     pub(crate) tool_choice: Option<ToolChoice>,
     pub(crate) run_id: Option<Arc<str>>,
+    pub(crate) token_budget: Option<u64>,
 }
 
 impl std::fmt::Debug for RunRequest {
@@ -33,6 +34,7 @@ impl std::fmt::Debug for RunRequest {
             .field("cancellation", &self.cancellation)
             .field("tool_choice", &self.tool_choice)
             .field("run_id", &self.run_id)
+            .field("token_budget", &self.token_budget)
             .finish()
     }
 }
@@ -48,6 +50,7 @@ impl RunRequest {
             cancellation: None,
             tool_choice: None,
             run_id: None,
+            token_budget: None,
         }
     }
 
@@ -84,6 +87,18 @@ impl RunRequest {
     /// one; later inferences use the agent's.
     pub fn with_tool_choice(mut self, choice: ToolChoice) -> Self {
         self.tool_choice = Some(choice);
+        self
+    }
+
+    /// A cap on the tokens this run may use (input plus output, every
+    /// inference), checked before spending like the agent's `token_budget`
+    /// stop condition: a call whose estimated prompt plus reserved output
+    /// would exceed what remains is not sent, and the run stops with
+    /// `token_budget`. With the agent's own `token_budget`, the smaller
+    /// holds. Auto mode sets it to what remains of the session's
+    /// `maxTokens`.
+    pub fn with_token_budget(mut self, tokens: u64) -> Self {
+        self.token_budget = Some(tokens);
         self
     }
 

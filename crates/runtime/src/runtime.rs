@@ -324,6 +324,7 @@ impl Inner {
             messages,
             event_sink,
             tool_choice,
+            token_budget,
             ..
         } = request;
         let sink = event_sink
@@ -337,6 +338,7 @@ impl Inner {
             store: self.config.store.clone(),
             backoff: self.config.backoff,
             tool_choice,
+            token_budget,
             trace_content: self.config.trace_content,
         };
         let span = telemetry::run_span(&setup.agent.spec.id, &thread_id, &run_id);

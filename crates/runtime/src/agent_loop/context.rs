@@ -48,7 +48,7 @@ impl Run {
                 Err(reason) => return Some(reason),
             }
         }
-        let budget = context.setup.budget?;
+        let budget = context.budget?;
         let used = self.usage.total();
         let remaining = budget.saturating_sub(used);
         let reserve = context.setup.reserve;

@@ -72,6 +72,8 @@ pub(crate) struct RunSetup {
     pub(crate) store: Arc<dyn ThreadStore>,
     pub(crate) backoff: RetryBackoff,
     pub(crate) tool_choice: Option<ToolChoice>,
+    /// The request's own token budget.
+    pub(crate) token_budget: Option<u64>,
     /// Whether spans record message contents.
     pub(crate) trace_content: bool,
 }
@@ -87,6 +89,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         store,
         backoff,
         tool_choice,
+        token_budget,
         trace_content,
     } = setup;
     let mut request = InferenceRequest::new(agent.model.upstream_model.clone(), Vec::new());
@@ -103,10 +106,15 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
     // A deadline too far away to represent is no deadline.
     let deadline = agent.deadline.and_then(|d| started.checked_add(d));
     let watchdog = DeadlineWatchdog::start(&control, deadline);
-    let context = agent
-        .context
-        .clone()
-        .map(|setup| ContextWindow::new(setup, &control.thread_id, &request));
+    let context = match (&agent.context, token_budget) {
+        (None, None) => None,
+        (setup, budget) => {
+            let setup = setup.as_ref().unwrap_or(&agent.measure).clone();
+            let mut window = ContextWindow::new(setup, &control.thread_id, &request);
+            window.limit_budget(budget);
+            Some(window)
+        }
+    };
     let mut run = Run {
         context,
         overflow_retried: false,

@@ -45,6 +45,18 @@ fn declared_done(result: &AgentRunResult) -> bool {
         if r.code == "terminate" && r.detail.starts_with("status: success"))
 }
 
+/// What `auto_run` learned about a round besides its result.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct RoundChecks<'a> {
+    /// The guardrail's reason to block.
+    pub(crate) guardrail: Option<&'a str>,
+    /// The cross-round monologue's stop detail.
+    pub(crate) monologue: Option<&'a str>,
+    /// The round stopped with `token_budget` because its next call would
+    /// have exceeded what remained of the session's `maxTokens`.
+    pub(crate) budget_refused: Option<&'a str>,
+}
+
 /// The stop decision after round `round` (from 1), in the documented order.
 pub(crate) fn decide(
     result: &AgentRunResult,
@@ -52,9 +64,13 @@ pub(crate) fn decide(
     policy: Option<&AutomationPolicy>,
     round: u32,
     ceiling: u32,
-    guardrail: Option<&str>,
-    monologue: Option<&str>,
+    checks: &RoundChecks<'_>,
 ) -> Decision {
+    let RoundChecks {
+        guardrail,
+        monologue,
+        budget_refused,
+    } = *checks;
     let stop = |s: String| Decision::Stop(s);
     match &result.termination {
         TerminationReason::Cancelled => return stop("cancelled".into()),
@@ -92,10 +108,16 @@ pub(crate) fn decide(
             return stop(format!("max experiments reached ({done}/{max})"));
         }
     }
-    if let Some(max) = policy.and_then(|p| p.max_tokens)
-        && session.tokens >= max
-    {
-        return stop(format!("token budget reached ({}/{max})", session.tokens));
+    if let Some(max) = policy.and_then(|p| p.max_tokens) {
+        if session.tokens >= max {
+            return stop(format!("token budget reached ({}/{max})", session.tokens));
+        }
+        if let Some(detail) = budget_refused {
+            return stop(format!(
+                "token budget reached ({}/{max}): {detail}",
+                session.tokens
+            ));
+        }
     }
     if declared_done(result) && !has_goals {
         return stop("queue exhausted, no replan condition met".into());
@@ -161,7 +183,11 @@ mod tests {
         ceiling: u32,
         guardrail: Option<&str>,
     ) -> Decision {
-        super::decide(result, session, policy, round, ceiling, guardrail, None)
+        let checks = RoundChecks {
+            guardrail,
+            ..RoundChecks::default()
+        };
+        super::decide(result, session, policy, round, ceiling, &checks)
     }
 
     #[test]
@@ -187,8 +213,11 @@ mod tests {
                 None,
                 1,
                 20,
-                Some("x"),
-                Some("repeated")
+                &RoundChecks {
+                    guardrail: Some("x"),
+                    monologue: Some("repeated"),
+                    budget_refused: None,
+                }
             ),
             stop("stuck across rounds: repeated"),
             "before the guardrail"

@@ -17,12 +17,19 @@
 //! | the goals hold on the latest completed report (AND / OR) | `automation goals reached` |
 //! | completed experiments ≥ `maxExperiments` | `max experiments reached (N/M)` |
 //! | session tokens ≥ `maxTokens` | `token budget reached (N/M)` |
+//! | the round's next inference would have exceeded what remained of `maxTokens` (it was not sent) | `token budget reached (N/M): <detail>` |
 //! | the agent called `terminate` with `success` and no goal is unmet | `queue exhausted, no replan condition met` |
 //!
 //! Otherwise it **replans**: the next round starts with a continuation
 //! message naming the unmet goals. That covers every row of the source's
 //! replan table: no policy, unmet goals, experiment budget left, and only
 //! tokens/heuristics set all replan; a met stop condition never gets here.
+//!
+//! `maxTokens` is checked before spending, too: every round runs with what
+//! remains of it as its own budget
+//! ([`RunRequest::with_token_budget`]), so a round refuses an inference
+//! whose estimated prompt plus reserved output would exceed the session's
+//! budget instead of overshooting it.
 //!
 //! Reports ([`AutomationPlugin`]) and session tokens belong to the thread:
 //! its session begins with the thread's first `auto_run`, from then on every
@@ -78,9 +85,9 @@ use crate::builder::AgentRuntimeBuilder;
 use crate::detectors::STUCK_NUDGE;
 use crate::run::{AgentRunResult, RunRequest};
 use crate::runtime::{AgentRuntime, RuntimeError};
-use decide::{Decision, continuation, decide};
+use decide::{Decision, RoundChecks, continuation, decide};
 use monologue::{Monologue, Repeat};
-use rein_runtime_contract::lifecycle::StopConditionSpec;
+use rein_runtime_contract::lifecycle::{StopConditionSpec, TerminationReason};
 use session::{SessionObserver, Sessions};
 
 /// The default hard ceiling on rounds per `auto_run`.
@@ -229,6 +236,8 @@ impl AgentRuntime {
         };
         let mut monologue = Monologue::new(self.stuck_duplicates(request.agent_id.as_deref()));
         let mut runs: Vec<AgentRunResult> = Vec::new();
+        let max_tokens = policy.as_ref().and_then(|p| p.max_tokens);
+        let agent_budget = self.token_budget(request.agent_id.as_deref());
         let mut round_request = request.clone().with_cancellation(token.clone());
         loop {
             let round = u32::try_from(runs.len())
@@ -238,6 +247,12 @@ impl AgentRuntime {
             if token.is_cancelled() {
                 let tokens = sessions.tokens(&thread);
                 return Ok(report.stop("cancelled".to_owned(), runs, tokens));
+            }
+            // What remains of the session's budget is this round's own.
+            let round_budget = max_tokens.map(|max| max.saturating_sub(sessions.tokens(&thread)));
+            if let Some(budget) = round_budget {
+                let own = round_request.token_budget.unwrap_or(u64::MAX);
+                round_request = round_request.with_token_budget(budget.min(own));
             }
             let result = match self.run(round_request, sink.clone()).await {
                 Ok(result) => result,
@@ -274,15 +289,23 @@ impl AgentRuntime {
                 Repeat::Stop(detail) => Some(detail.as_str()),
                 Repeat::No | Repeat::Nudge => None,
             };
-            match decide(
-                &result,
-                &session,
-                policy.as_ref(),
-                round,
-                ceiling,
-                blocked.as_deref(),
-                stuck,
-            ) {
+            // The session's budget refused the round's next call (not the
+            // agent's own `token_budget`, which replans as before).
+            let budget_refused = match &result.termination {
+                TerminationReason::Stopped(r)
+                    if r.code == "token_budget"
+                        && round_budget.is_some_and(|b| agent_budget.is_none_or(|a| b <= a)) =>
+                {
+                    Some(r.detail.as_str())
+                }
+                _ => None,
+            };
+            let checks = RoundChecks {
+                guardrail: blocked.as_deref(),
+                monologue: stuck,
+                budget_refused,
+            };
+            match decide(&result, &session, policy.as_ref(), round, ceiling, &checks) {
                 Decision::Stop(stop_reason) => {
                     runs.push(result);
                     return Ok(report.stop(stop_reason, runs, session.tokens));
@@ -318,6 +341,12 @@ impl AgentRuntime {
                 })
             })
             .unwrap_or(2)
+    }
+
+    /// The agent's smallest `token_budget`, if it has one.
+    fn token_budget(&self, agent_id: Option<&str>) -> Option<u64> {
+        self.agent_spec(agent_id)
+            .and_then(crate::builder::smallest_token_budget)
     }
 
     /// Auto mode's state on this runtime, created (with its observer) on

@@ -148,6 +148,9 @@ pub(crate) struct ContextWindow {
     /// The view the thread's last run left, taken up at the first sync
     /// (when the run's history is loaded).
     saved: Option<SavedView>,
+    /// The run's token budget: the smaller of the agent's and the
+    /// request's.
+    pub(crate) budget: Option<u64>,
 }
 
 impl ContextWindow {
@@ -165,6 +168,7 @@ impl ContextWindow {
             view.messages = Arc::new(Vec::new());
             view
         });
+        let setup_budget = setup.budget;
         let mut window = Self {
             fixed: setup
                 .calibration
@@ -178,6 +182,7 @@ impl ContextWindow {
             sent: (0, 0),
             reads: std::collections::HashSet::new(),
             saved: None,
+            budget: setup_budget,
         };
         if window.view.is_some() {
             window.saved = window
@@ -188,6 +193,13 @@ impl ContextWindow {
                 .remove(thread_id);
         }
         window
+    }
+
+    /// Lowers the run's token budget to `budget` (a request's own).
+    pub(crate) fn limit_budget(&mut self, budget: Option<u64>) {
+        if let Some(budget) = budget {
+            self.budget = Some(self.budget.map_or(budget, |b| b.min(budget)));
+        }
     }
 
     /// Takes up the view the thread's last run left, if it was made from
