@@ -26,15 +26,20 @@
 //!   run's events — claimed, written and finished under the same fence.
 //!   Submissions made at the same time in one process are group-committed
 //!   (one statement of many rows).
+//! - [`PgArtifactStore`] is an
+//!   [`ArtifactStore`](rein_runtime::context::ArtifactStore): the context
+//!   policy's offloaded tool results, readable from any process.
 //!
 //! `rein-server`'s distributed mode (its `cluster` and `ownership` modules)
 //! builds on these; `docs/distributed.md` describes the protocol.
 
+mod artifacts;
 mod inbox;
 mod leases;
 mod runs;
 mod store;
 
+pub use artifacts::PgArtifactStore;
 pub use leases::Leases;
 pub use runs::{
     Claimed, NewRun, ORPHAN_GRACE, PgRuns, StoredEvent, StoredRun, SubmitOutcome, is_transient,

@@ -15,11 +15,12 @@ use rein::{AgentRuntime, AgentRuntimeBuilder, BuildError, ModelSpec};
 use rein_mcp::{McpError, McpOptions, McpServer, McpTransport};
 
 use crate::deployment::{
-    Deployment, MCP_TOOL_SEPARATOR, McpServerConfig, ProviderConfig, StoreConfig,
+    ArtifactsConfig, Deployment, MCP_TOOL_SEPARATOR, McpServerConfig, ProviderConfig, StoreConfig,
 };
 use crate::service::{LeaseOwnership, Ownership};
+use rein::context::{ArtifactStore, DirArtifactStore};
 use rein::thread_store::ThreadStore;
-use rein_postgres::{Leases, PgRuns, PgThreadStore};
+use rein_postgres::{Leases, PgArtifactStore, PgRuns, PgThreadStore};
 
 /// Why a checked deployment could not be started.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -114,7 +115,8 @@ pub async fn start(deployment: &Deployment) -> Result<Assembled, AssembleError> 
     let mcp_servers = start_mcp(deployment).await?;
     let ownership = store.as_ref().map(|s| s.ownership.clone());
     let runs = store.as_ref().map(|s| s.runs.clone());
-    let outcome = build(deployment, &mcp_servers, store.map(|s| s.store));
+    let artifacts = artifact_store(deployment, store.as_ref());
+    let outcome = build(deployment, &mcp_servers, store.map(|s| s.store), artifacts);
     match outcome {
         Ok(runtime) => Ok(Assembled {
             runtime,
@@ -136,6 +138,24 @@ struct Durable {
     store: Arc<dyn ThreadStore>,
     ownership: Arc<dyn Ownership>,
     runs: PgRuns,
+    pool: sqlx::PgPool,
+}
+
+/// The artifact store the deployment chooses (`artifacts:`, else with the
+/// threads); `None` keeps the runtime's in-memory default.
+fn artifact_store(
+    deployment: &Deployment,
+    durable: Option<&Durable>,
+) -> Option<Arc<dyn ArtifactStore>> {
+    match (deployment.artifact_store(), durable) {
+        (ArtifactsConfig::Memory, _) => None,
+        (ArtifactsConfig::Dir { path }, _) => Some(Arc::new(DirArtifactStore::new(path))),
+        (ArtifactsConfig::Postgres, Some(durable)) => {
+            Some(Arc::new(PgArtifactStore::new(durable.pool.clone())))
+        }
+        // The file was checked: `artifacts: postgres` needs `store: postgres`.
+        (ArtifactsConfig::Postgres, None) => None,
+    }
 }
 
 /// With `store: postgres`: the fenced store, this process's ownership and
@@ -164,13 +184,14 @@ async fn durable_store(deployment: &Deployment) -> Result<Option<Durable>, Assem
     let lease = Duration::from_secs(deployment.server.lease_seconds.max(1));
     let leases = Leases::new(pool.clone(), owner, lease);
     let runs = PgRuns::new(pool.clone(), leases.clone());
-    let fenced = PgThreadStore::fenced(pool, leases.clone());
+    let fenced = PgThreadStore::fenced(pool.clone(), leases.clone());
     let store: Arc<dyn ThreadStore> = Arc::new(fenced.clone());
     let ownership: Arc<dyn Ownership> = Arc::new(LeaseOwnership::new(leases, fenced, lease / 3));
     Ok(Some(Durable {
         store,
         ownership,
         runs,
+        pool,
     }))
 }
 
@@ -178,6 +199,7 @@ fn build(
     deployment: &Deployment,
     mcp_servers: &BTreeMap<String, Arc<McpServer>>,
     store: Option<Arc<dyn ThreadStore>>,
+    artifacts: Option<Arc<dyn ArtifactStore>>,
 ) -> Result<AgentRuntime, AssembleError> {
     let mut agent_tools = BTreeMap::new();
     for agent in &deployment.agents {
@@ -196,6 +218,9 @@ fn build(
     let mut builder = builder_with(deployment, agent_tools)?;
     if let Some(store) = store {
         builder = builder.with_thread_store(store);
+    }
+    if let Some(artifacts) = artifacts {
+        builder = builder.with_artifact_store(artifacts);
     }
     builder.build().map_err(AssembleError::from)
 }

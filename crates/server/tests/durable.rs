@@ -280,3 +280,98 @@ async fn a_thread_taken_from_a_lost_process_has_its_open_tool_calls_answered_as_
     assert_eq!(history[3].content, "go on");
     survivor.stop().await;
 }
+
+/// Agents that offload every tool result: `offloader` calls a tool that
+/// does not exist (its error result is offloaded), `reader` reads artifact
+/// `ID` back. `ARTIFACTS` is the file's `artifacts:` line.
+const OFFLOAD_YAML: &str = r#"
+providers:
+  offload: { kind: scripted, responses: [ { tool_calls: [ { name: no_such_tool, arguments: {} } ] }, "Offloaded." ] }
+  read: { kind: scripted, responses: [ { tool_calls: [ { name: read_artifact, arguments: { id: "ID" } } ] }, "Read." ] }
+models:
+  offload: { provider: offload, model: o }
+  read: { provider: read, model: r }
+agents:
+  - { id: offloader, model_id: offload, context: { window_tokens: 8000, offload: { min_tokens: 1 } } }
+  - { id: reader, model_id: read, context: { window_tokens: 8000, offload: { min_tokens: 1 } } }
+store: { postgres: { url_env: REIN_DATABASE_URL } }
+ARTIFACTS
+"#;
+
+/// The thread's first tool result: its call id and content.
+async fn first_tool_result(server: &Server, thread: &str) -> (String, String) {
+    let (_, history) = server.get(&format!("/v1/threads/{thread}/messages")).await;
+    let result = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap()
+        .clone();
+    (
+        result["tool_call_id"].as_str().unwrap().to_owned(),
+        result["content"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn offloaded_tool_results_go_where_the_file_says_postgres_by_default() {
+    if !database() {
+        return;
+    }
+    use rein::context::ArtifactStore;
+    let url = std::env::var("REIN_DATABASE_URL").unwrap();
+    let table = rein_postgres::PgArtifactStore::new(rein_postgres::connect(&url).await.unwrap());
+    let dir = std::env::temp_dir().join(format!("rein-artifacts-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_line = format!("artifacts: {{ dir: \"{}\" }}", dir.display());
+    for (line, in_table) in [
+        ("", true),
+        ("artifacts: memory", false),
+        (&dir_line[..], false),
+    ] {
+        let t = thread("artifacts");
+        let server = Server::start(&OFFLOAD_YAML.replace("ARTIFACTS", line)).await;
+        let runs = format!("/v1/threads/{t}/runs?wait=true");
+        let go = json!({"agent_id": "offloader", "messages": [{"role": "user", "content": "go"}]});
+        let (_, record) = server.post(&runs, go).await;
+        assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+        let (id, text) = first_tool_result(&server, &t).await;
+        assert!(text.contains("no_such_tool"), "{text}");
+        let stored = table.get(&t, &id).await.unwrap();
+        assert_eq!(stored.is_some(), in_table, "`{line}`: {stored:?}");
+        if in_table {
+            assert_eq!(stored.unwrap(), text);
+            // Another process reads it back with `read_artifact`.
+            let reader = OFFLOAD_YAML
+                .replace("\"ID\"", &format!("\"{id}\""))
+                .replace("ARTIFACTS", "");
+            let other = Server::start(&reader).await;
+            let read =
+                json!({"agent_id": "reader", "messages": [{"role": "user", "content": "read it"}]});
+            let (_, record) = other.post(&runs, read).await;
+            assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+            let (_, history) = other.get(&format!("/v1/threads/{t}/messages")).await;
+            let back = history.as_array().unwrap().last().unwrap().clone();
+            assert_eq!(back["content"], "Read.");
+            let read_back = history
+                .as_array()
+                .unwrap()
+                .iter()
+                .rev()
+                .find(|m| m["role"] == "tool")
+                .unwrap();
+            assert!(
+                read_back["content"].as_str().unwrap().contains(&text),
+                "{read_back}"
+            );
+            other.stop().await;
+        }
+        if line == dir_line {
+            let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+            assert_eq!(files, 1, "one thread directory under {}", dir.display());
+        }
+        server.stop().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,5 +1,6 @@
 //! The deployment file (`rein.yaml`): providers, models, MCP servers,
-//! agents, the store and the server's settings, loaded with every error
+//! agents, the store, where artifacts are kept and the server's settings,
+//! loaded with every error
 //! given as `FILE:LINE:COLUMN: message`.
 //!
 //! Loading has two passes. serde_yaml deserializes the document (agents
@@ -45,6 +46,9 @@ pub struct Deployment {
     pub agents: Vec<AgentConfig>,
     /// Where threads are kept.
     pub store: StoreConfig,
+    /// Where offloaded tool results are kept (`artifacts:`); `None`
+    /// follows the store (see [`artifact_store`](Self::artifact_store)).
+    pub artifacts: Option<ArtifactsConfig>,
     /// The HTTP server's settings.
     pub server: ServerSettings,
 }
@@ -142,6 +146,23 @@ pub enum StoreConfig {
         /// The environment variable holding the database URL.
         url_env: String,
     },
+}
+
+/// Where the context policy's offloaded tool results are kept:
+/// `artifacts: memory`, `artifacts: { dir: PATH }` or `artifacts: postgres`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ArtifactsConfig {
+    /// In this process's memory (the default with `store: memory`).
+    Memory,
+    /// One file per artifact under a directory (relative paths are taken
+    /// from the directory `rein` runs in).
+    Dir {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// In the store's PostgreSQL database, readable from every process
+    /// (the default with `store: postgres`; needs it).
+    Postgres,
 }
 
 /// The HTTP server's settings (`server:`; every field optional).
@@ -295,6 +316,17 @@ impl Deployment {
         }
     }
 
+    /// Where artifacts are kept: `artifacts:` if the file sets it, else
+    /// with the threads (PostgreSQL for `store: postgres`, memory for
+    /// `store: memory`).
+    pub fn artifact_store(&self) -> ArtifactsConfig {
+        match (&self.artifacts, &self.store) {
+            (Some(artifacts), _) => artifacts.clone(),
+            (None, StoreConfig::Postgres { .. }) => ArtifactsConfig::Postgres,
+            (None, StoreConfig::Memory) => ArtifactsConfig::Memory,
+        }
+    }
+
     /// The agent with this id.
     pub fn agent(&self, id: &str) -> Option<&AgentConfig> {
         self.agents.iter().find(|a| a.spec.id == id)
@@ -331,6 +363,12 @@ impl Deployment {
                     ),
                 );
             }
+        }
+        if self.artifacts == Some(ArtifactsConfig::Postgres) && self.store == StoreConfig::Memory {
+            error(
+                "artifacts",
+                "artifacts: postgres keeps artifacts in the store's database, but the store is `memory`; set `store: { postgres: { url_env: NAME } }`, or keep artifacts in `memory` or a `{ dir: PATH }`".to_owned(),
+            );
         }
         if self.agents.is_empty() {
             error(
@@ -418,6 +456,7 @@ const DOCUMENT_KEYS: &[&str] = &[
     "mcp_servers",
     "agents",
     "store",
+    "artifacts",
     "server",
 ];
 
@@ -430,6 +469,7 @@ const AGENT_ITEM_KEYS: &[&str] = &[
     "plugin_ids",
     "stop_conditions",
     "tool_choice",
+    "context",
     "tools",
 ];
 
@@ -449,7 +489,9 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
     type Value = Deployment;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a deployment mapping (providers, models, mcp_servers, agents, store, server)")
+        f.write_str(
+            "a deployment mapping (providers, models, mcp_servers, agents, store, artifacts, server)",
+        )
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Deployment, A::Error> {
@@ -459,6 +501,7 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
             mcp_servers: BTreeMap::new(),
             agents: Vec::new(),
             store: StoreConfig::Memory,
+            artifacts: None,
             server: ServerSettings::default(),
         };
         let mut seen: Vec<&'static str> = Vec::new();
@@ -472,6 +515,9 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
                 "mcp_servers" => deployment.mcp_servers = map.next_value()?,
                 "agents" => deployment.agents = map.next_value_seed(AgentsSeed(self.kinds))?,
                 "store" => deployment.store = map.next_value::<StoreSeed>()?.0,
+                "artifacts" => {
+                    deployment.artifacts = Some(map.next_value::<ArtifactsSeed>()?.0);
+                }
                 _ => deployment.server = map.next_value()?,
             }
             seen.push(key);
@@ -555,6 +601,43 @@ impl<'de> Deserialize<'de> for StoreSeed {
             }
         }
         d.deserialize_any(StoreVisitor)
+    }
+}
+
+/// `artifacts: memory`, `artifacts: postgres` or `artifacts: { dir: PATH }`.
+struct ArtifactsSeed(ArtifactsConfig);
+
+impl<'de> Deserialize<'de> for ArtifactsSeed {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Dir {
+            dir: PathBuf,
+        }
+        struct ArtifactsVisitor;
+        impl<'de> Visitor<'de> for ArtifactsVisitor {
+            type Value = ArtifactsSeed;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`memory`, `postgres` or `{ dir: PATH }`")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ArtifactsSeed, E> {
+                match v {
+                    "memory" => Ok(ArtifactsSeed(ArtifactsConfig::Memory)),
+                    "postgres" => Ok(ArtifactsSeed(ArtifactsConfig::Postgres)),
+                    other => Err(E::invalid_value(de::Unexpected::Str(other), &self)),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ArtifactsSeed, A::Error> {
+                let dir = Dir::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                if dir.dir.as_os_str().is_empty() {
+                    return Err(de::Error::custom(
+                        "artifacts: `dir` is empty; give the directory to keep artifacts in",
+                    ));
+                }
+                Ok(ArtifactsSeed(ArtifactsConfig::Dir { path: dir.dir }))
+            }
+        }
+        d.deserialize_any(ArtifactsVisitor)
     }
 }
 

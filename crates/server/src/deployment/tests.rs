@@ -121,3 +121,58 @@ fn an_invalid_regex_is_reported_by_the_stop_condition_loader() {
     assert!(lines[0].contains("pattern"), "{lines:?}");
     assert!(lines[0].starts_with("<text>:5:"), "{lines:?}");
 }
+
+#[test]
+fn artifacts_follow_the_store_unless_the_file_chooses() {
+    const BASE: &str = "providers:\n  p: { kind: genai }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - id: a\n    model_id: m\n    context: { window_tokens: 8000, offload: { min_tokens: 500 } }\n";
+    let d = Deployment::from_yaml(BASE).unwrap();
+    assert_eq!(d.artifacts, None);
+    assert_eq!(d.artifact_store(), ArtifactsConfig::Memory);
+    let policy = d.agents[0].spec.context.as_ref().expect("context loads");
+    assert_eq!(policy.window_tokens, 8000);
+    let durable = format!("{BASE}store: {{ postgres: {{ url_env: DB }} }}\n");
+    let d = Deployment::from_yaml(&durable).unwrap();
+    assert_eq!(d.artifact_store(), ArtifactsConfig::Postgres);
+    for (line, want) in [
+        ("artifacts: memory", ArtifactsConfig::Memory),
+        ("artifacts: postgres", ArtifactsConfig::Postgres),
+        (
+            "artifacts: { dir: /var/lib/rein/artifacts }",
+            ArtifactsConfig::Dir {
+                path: "/var/lib/rein/artifacts".into(),
+            },
+        ),
+    ] {
+        let d = Deployment::from_yaml(&format!("{durable}{line}\n")).unwrap();
+        assert_eq!(d.artifact_store(), want, "{line}");
+    }
+}
+
+#[test]
+fn a_bad_artifacts_value_is_an_error_at_its_position() {
+    const BASE: &str = "providers:\n  p: { kind: genai }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m }\n";
+    let lines = errors(&format!("{BASE}artifacts: disk\n"));
+    assert!(lines[0].starts_with("<text>:7:"), "{lines:?}");
+    assert!(
+        lines[0].contains("`memory`, `postgres` or `{ dir: PATH }`"),
+        "{lines:?}"
+    );
+    let lines = errors(&format!("{BASE}artifacts: {{ dri: x }}\n"));
+    assert!(lines[0].contains("unknown field `dri`"), "{lines:?}");
+    let lines = errors(&format!("{BASE}artifacts: {{ dir: \"\" }}\n"));
+    assert!(lines[0].contains("`dir` is empty"), "{lines:?}");
+    // PostgreSQL artifacts need the PostgreSQL store.
+    let lines = errors(&format!("{BASE}artifacts: postgres\n"));
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("<text>:7:12: "), "{lines:?}");
+    assert!(lines[0].contains("the store is `memory`"), "{lines:?}");
+}
+
+#[test]
+fn an_agent_s_context_policy_is_checked_with_its_position() {
+    let lines = errors(
+        "providers:\n  p: { kind: genai }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - id: a\n    model_id: m\n    context: { window_tokens: 8000, compact: { at: 1.5 } }\n",
+    );
+    assert!(lines[0].starts_with("<text>:8:"), "{lines:?}");
+    assert!(lines[0].contains("at"), "{lines:?}");
+}
