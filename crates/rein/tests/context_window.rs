@@ -452,6 +452,51 @@ async fn the_smaller_of_the_agent_s_and_the_request_s_budget_holds() {
 }
 
 #[tokio::test]
+async fn each_inference_of_a_measuring_run_reports_its_prompt_estimate_first() {
+    let answer = |n: usize, _: &InferenceRequest| {
+        if n == 0 {
+            ScriptedResponse::tool_call("big", json!({}))
+        } else {
+            ScriptedResponse::text("done")
+        }
+    };
+    let (executor, seen) = recording(answer);
+    let agent = spec().with_context(ContextPolicy::new(100_000));
+    let (result, events) = run(executor, agent, Arc::new(InMemoryThreadStore::new())).await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    let estimates: Vec<(u32, u64, Option<u64>)> = events
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::PromptEstimated {
+                step,
+                estimated_tokens,
+                window_tokens,
+                ..
+            } => Some((*step, *estimated_tokens, *window_tokens)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        estimates.len(),
+        seen.lock().unwrap().len(),
+        "one per inference"
+    );
+    assert_eq!(estimates[0].0, 1);
+    assert_eq!(estimates[1].0, 2);
+    assert!(estimates.iter().all(|e| e.2 == Some(100_000)));
+    // The second prompt holds the 200-line result: about 2 000 tokens more.
+    assert!(estimates[1].1 > estimates[0].1 + 1_500, "{estimates:?}");
+    // A run that measures nothing reports nothing.
+    let (executor, _) = recording(answer);
+    let (_, events) = run(executor, spec(), Arc::new(InMemoryThreadStore::new())).await;
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, AgentEvent::PromptEstimated { .. }))
+    );
+}
+
+#[tokio::test]
 async fn without_a_policy_the_model_sees_the_history_itself() {
     let (executor, seen) = recording(|n, _| {
         if n == 0 {

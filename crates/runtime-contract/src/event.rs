@@ -109,6 +109,23 @@ pub enum AgentEvent {
         /// The message's text.
         text: String,
     },
+    /// An inference is about to be sent, with this estimate of its prompt
+    /// (sent only by runs that measure their prompts: an agent with a
+    /// context policy or a token budget, or a run with its own budget).
+    /// The provider's count comes later in the run's usage.
+    PromptEstimated {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The round number, from 1.
+        step: u32,
+        /// The prompt's estimated tokens: system prompt, tools and the
+        /// messages the model sees.
+        estimated_tokens: u64,
+        /// The context policy's window, if the agent has one.
+        window_tokens: Option<u64>,
+    },
     /// The context policy compacted what the model sees: older tool results
     /// (or, on `offloaded`, results as they arrived) became references to
     /// the artifact store. Token counts are estimates of the whole prompt.
@@ -205,6 +222,7 @@ impl AgentEvent {
             Self::ToolCallFinished { .. } => "tool_call_finished",
             Self::InferenceRetry { .. } => "inference_retry",
             Self::Nudge { .. } => "nudge",
+            Self::PromptEstimated { .. } => "prompt_estimated",
             Self::ContextCompacted { .. } => "context_compacted",
             Self::ContextSummarized { .. } => "context_summarized",
             Self::Progress { .. } => "progress",
@@ -223,6 +241,7 @@ impl AgentEvent {
             | Self::ToolCallFinished { run_id, .. }
             | Self::InferenceRetry { run_id, .. }
             | Self::Nudge { run_id, .. }
+            | Self::PromptEstimated { run_id, .. }
             | Self::ContextCompacted { run_id, .. }
             | Self::ContextSummarized { run_id, .. }
             | Self::Progress { run_id, .. }
@@ -241,6 +260,7 @@ impl AgentEvent {
             | Self::ToolCallFinished { thread_id, .. }
             | Self::InferenceRetry { thread_id, .. }
             | Self::Nudge { thread_id, .. }
+            | Self::PromptEstimated { thread_id, .. }
             | Self::ContextCompacted { thread_id, .. }
             | Self::ContextSummarized { thread_id, .. }
             | Self::Progress { thread_id, .. }

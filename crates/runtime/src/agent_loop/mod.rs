@@ -544,6 +544,14 @@ impl Run {
         let mut stopped = false;
         if let Some(context) = &mut self.context {
             context.sending();
+            let (estimated_tokens, window_tokens) = (context.estimate(), context.window_tokens());
+            self.emit(|| AgentEvent::PromptEstimated {
+                run_id: self.id.run_id.clone(),
+                thread_id: self.id.thread_id.clone(),
+                step: self.steps,
+                estimated_tokens,
+                window_tokens,
+            });
         }
         let (outcome, span) = {
             let request = match &self.context {

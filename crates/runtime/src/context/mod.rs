@@ -375,6 +375,11 @@ impl ContextWindow {
             .observe(chars, messages, input_tokens);
     }
 
+    /// The policy's window, if the agent has a policy.
+    pub(crate) fn window_tokens(&self) -> Option<u64> {
+        self.setup.policy.as_ref().map(|p| p.window_tokens)
+    }
+
     fn usable(&self) -> Option<u64> {
         self.setup.policy.as_ref().map(ContextPolicy::usable_tokens)
     }
