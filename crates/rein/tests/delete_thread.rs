@@ -25,7 +25,8 @@ async fn deleting_a_thread_drops_its_history_and_its_session() {
     )
     .build()
     .unwrap();
-    let policy = AutomationPolicy::from_json(r#"{"maxTokens": 1}"#).unwrap();
+    // The first round uses 10; the second would need more than the 5 left.
+    let policy = AutomationPolicy::from_json(r#"{"maxTokens": 15}"#).unwrap();
     runtime
         .auto_run(user("t", "go"), policy, Arc::new(CollectingSink::new()))
         .await
