@@ -208,6 +208,52 @@ fn loop_conditions() -> Vec<StopConditionSpec> {
     all
 }
 
+/// The agent spec with `conditions`.
+fn with(conditions: Vec<StopConditionSpec>) -> AgentSpec {
+    conditions
+        .into_iter()
+        .fold(spec(), AgentSpec::with_stop_condition)
+}
+
+/// W1b with every run-control feature: the loop conditions, `error_rate`
+/// and `no_progress`, a ladder for every detector and per-tool rules, at
+/// settings the workload never trips.
+fn control_spec() -> AgentSpec {
+    use rein::escalation::{EscalationAction, EscalationStep, Ladder, ToolLoopRule};
+    let mut conditions = loop_conditions();
+    conditions.extend([
+        StopConditionSpec::ErrorRate {
+            errors: 3,
+            within_seconds: 60,
+        },
+        // Every `noop` result is the same: 100 stale rounds is past the
+        // workload's 50, so the detector works every round and never fires.
+        StopConditionSpec::NoProgress { rounds: 100 },
+    ]);
+    let ladder = || {
+        Ladder::new(vec![
+            EscalationStep::new(EscalationAction::Warn, 1),
+            EscalationStep::new(EscalationAction::Nudge, 1),
+            EscalationStep::new(EscalationAction::Stop, 1),
+        ])
+        .unwrap_or_else(|e| fail(&e))
+    };
+    let mut spec = with(conditions);
+    for code in [
+        "tool_call_loop",
+        "tool_call_cycle",
+        "tool_error_loop",
+        "content_chanting",
+        "stuck",
+        "error_rate",
+        "no_progress",
+    ] {
+        spec = spec.with_escalation(code, ladder());
+    }
+    spec.with_tool_rule("write_file", ToolLoopRule::threshold(2))
+        .with_tool_rule("poll_status", ToolLoopRule::exempt())
+}
+
 /// Counts the events it receives (a sink that wants events, so the runtime
 /// builds every one of them).
 #[derive(Default)]
@@ -222,12 +268,8 @@ impl EventSink for Counting {
 /// W1 / W1b: µs per round of one run of 50 rounds, median of `runs` runs.
 /// With `events`, every event is built and sent to a counting sink;
 /// without, the runtime's default sink discards them unbuilt.
-async fn rounds(name: &str, conditions: Vec<StopConditionSpec>, events: bool, runs: usize) {
+async fn rounds(name: &str, spec: AgentSpec, events: bool, runs: usize) {
     const R: usize = 50;
-    let mut spec = spec();
-    for s in conditions {
-        spec = spec.with_stop_condition(s);
-    }
     let runtime = runtime_with(model(R, None), spec);
     let mut per_round = Vec::with_capacity(runs);
     for i in 0..runs {
@@ -543,7 +585,7 @@ fn external<F: std::future::Future<Output = ()>>(rt: &tokio::runtime::Runtime, w
 }
 
 /// The workloads `rein-bench` knows, in the order `cargo xtask bench` runs them.
-const USAGE: &str = "usage: rein-bench <rounds|rounds_external|rounds_policies|rounds_loops|rounds_events|concurrent|\
+const USAGE: &str = "usage: rein-bench <rounds|rounds_external|rounds_policies|rounds_loops|rounds_control|rounds_events|concurrent|\
 cancel|cancel_pause|cancel_external|cancel_external_pause|cancel_open|mailbox|mailbox_external|\
 policies|chanting|chanting_spaces|chanting_rules|http|http_first_event|http_retention|\
 context|cluster_cancel|cluster_submit|cluster_submit_spread|cluster_submit_spread_held|cluster_takeover> [--tiny]";
@@ -566,17 +608,37 @@ fn main() {
     let scale = |full: usize, small: usize| if tiny { small } else { full };
     let ms = Some(Duration::from_millis(1));
     match workload.as_str() {
-        "rounds" => on_worker(&rt, rounds("rounds", vec![], false, scale(200, 2))),
-        "rounds_external" => external(&rt, rounds("rounds_external", vec![], false, scale(200, 2))),
+        "rounds" => on_worker(&rt, rounds("rounds", with(vec![]), false, scale(200, 2))),
+        "rounds_external" => external(
+            &rt,
+            rounds("rounds_external", with(vec![]), false, scale(200, 2)),
+        ),
         "rounds_policies" => on_worker(
             &rt,
-            rounds("rounds_policies", seven_conditions(), false, scale(200, 2)),
+            rounds(
+                "rounds_policies",
+                with(seven_conditions()),
+                false,
+                scale(200, 2),
+            ),
         ),
         "rounds_loops" => on_worker(
             &rt,
-            rounds("rounds_loops", loop_conditions(), false, scale(200, 2)),
+            rounds(
+                "rounds_loops",
+                with(loop_conditions()),
+                false,
+                scale(200, 2),
+            ),
         ),
-        "rounds_events" => on_worker(&rt, rounds("rounds_events", vec![], true, scale(200, 2))),
+        "rounds_control" => on_worker(
+            &rt,
+            rounds("rounds_control", control_spec(), false, scale(200, 2)),
+        ),
+        "rounds_events" => on_worker(
+            &rt,
+            rounds("rounds_events", with(vec![]), true, scale(200, 2)),
+        ),
         "concurrent" => on_worker(&rt, concurrent(scale(10_000, 20))),
         "context" => on_worker(&rt, context::rounds(scale(100, 2))),
         "cancel" => on_worker(&rt, cancel("cancel", false, None, scale(1000, 5))),

@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 
 /// The workloads, in order, with their names in the table
 /// (`external`: driven from the thread that owns the runtime, not a worker).
-pub(crate) const WORKLOADS: [(&str, &str); 26] = [
+pub(crate) const WORKLOADS: [(&str, &str); 27] = [
     ("rounds", "W1"),
     ("rounds_external", "W1 external"),
     ("rounds_policies", "W1b"),
     ("rounds_loops", "W1b with every loop detector"),
+    ("rounds_control", "W1b with every run-control feature"),
     ("rounds_events", "W1 with an event sink"),
     ("concurrent", "W2"),
     ("context", "W11"),

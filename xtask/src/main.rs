@@ -161,7 +161,7 @@ commands:
   bench [NAME...] [--json PATH] [--tiny] [--timeout SECS]
                                        release-mode benchmarks, median of 3 fresh processes,
                                        each killed after SECS (default 120); names: rounds
-                                       rounds_external rounds_policies rounds_loops rounds_events concurrent
+                                       rounds_external rounds_policies rounds_loops rounds_control rounds_events concurrent
                                        cancel cancel_pause cancel_external cancel_external_pause
                                        cancel_open mailbox mailbox_external policies chanting
                                        chanting_spaces chanting_rules http http_first_event

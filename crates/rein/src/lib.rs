@@ -180,6 +180,10 @@ pub use schemars;
 
 pub use rein_runtime_contract::config;
 
+/// Escalation ladders (`warn`, `nudge`, `deny`, `stop`) and per-tool loop
+/// rules; `docs/stop-policies.md` explains them.
+pub use rein_runtime_contract::escalation;
+
 pub use rein_runtime::{
     auto, detectors, phase, plugin, plugins, policies, telemetry, thread_store,
 };

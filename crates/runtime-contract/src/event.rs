@@ -109,6 +109,20 @@ pub enum AgentEvent {
         /// The message's text.
         text: String,
     },
+    /// A detector fired and its escalation ladder's step was `warn`, `nudge`
+    /// or `deny` (a `stop` ends the run instead: see `RunFinished`).
+    Detected {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The detector's stop code, e.g. `tool_call_loop`.
+        code: String,
+        /// What it saw.
+        detail: String,
+        /// The step taken: `warn`, `nudge` or `deny`.
+        action: String,
+    },
     /// An inference is about to be sent, with this estimate of its prompt
     /// (sent only by runs that measure their prompts: an agent with a
     /// context policy or a token budget, or a run with its own budget).
@@ -222,6 +236,7 @@ impl AgentEvent {
             Self::ToolCallFinished { .. } => "tool_call_finished",
             Self::InferenceRetry { .. } => "inference_retry",
             Self::Nudge { .. } => "nudge",
+            Self::Detected { .. } => "detected",
             Self::PromptEstimated { .. } => "prompt_estimated",
             Self::ContextCompacted { .. } => "context_compacted",
             Self::ContextSummarized { .. } => "context_summarized",
@@ -241,6 +256,7 @@ impl AgentEvent {
             | Self::ToolCallFinished { run_id, .. }
             | Self::InferenceRetry { run_id, .. }
             | Self::Nudge { run_id, .. }
+            | Self::Detected { run_id, .. }
             | Self::PromptEstimated { run_id, .. }
             | Self::ContextCompacted { run_id, .. }
             | Self::ContextSummarized { run_id, .. }
@@ -260,6 +276,7 @@ impl AgentEvent {
             | Self::ToolCallFinished { thread_id, .. }
             | Self::InferenceRetry { thread_id, .. }
             | Self::Nudge { thread_id, .. }
+            | Self::Detected { thread_id, .. }
             | Self::PromptEstimated { thread_id, .. }
             | Self::ContextCompacted { thread_id, .. }
             | Self::ContextSummarized { thread_id, .. }

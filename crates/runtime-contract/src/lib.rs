@@ -20,7 +20,8 @@
 //! - **Event sinks** ([`event`]) observe a run as it happens.
 //!
 //! A [`context`] policy says how a run keeps its prompt inside the model's
-//! window.
+//! window; [`escalation`] ladders say what a detector does each time it
+//! fires.
 //!
 //! Phases ([`phase`]) and typed per-run state keys ([`state`]) are the
 //! vocabulary of the runtime's plugin system; [`config`] loads specs from YAML.
@@ -40,6 +41,7 @@
 
 pub mod config;
 pub mod context;
+pub mod escalation;
 pub mod event;
 pub mod inference;
 pub mod lifecycle;

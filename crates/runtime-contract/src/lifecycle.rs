@@ -151,6 +151,24 @@ pub enum StopConditionSpec {
         #[serde(default = "default_stuck_duplicates")]
         duplicates: usize,
     },
+    /// Stop when `errors` errors — failed inferences and tool calls that
+    /// returned an error — happen within `within_seconds` of each other
+    /// (a sliding window). Its ladder is set under the agent's
+    /// `escalation` (code `error_rate`).
+    ErrorRate {
+        /// Errors that make the rate too high (1 to 1000; 0 disables).
+        errors: usize,
+        /// The window, in seconds (at most 86 400; 0 disables).
+        within_seconds: u64,
+    },
+    /// Stop when `rounds` rounds in a row bring no tool result that differs
+    /// from every earlier result of the run (rounds without tool calls do
+    /// not count). Its ladder is set under `escalation` (code
+    /// `no_progress`).
+    NoProgress {
+        /// Stale rounds in a row (1 to 1000; 0 disables).
+        rounds: usize,
+    },
 }
 
 impl StopConditionSpec {
@@ -169,6 +187,8 @@ impl StopConditionSpec {
             Self::ToolCallCycle { .. } => "tool_call_cycle",
             Self::ContentChanting { .. } => "content_chanting",
             Self::Stuck { .. } => "stuck",
+            Self::ErrorRate { .. } => "error_rate",
+            Self::NoProgress { .. } => "no_progress",
         }
     }
 }

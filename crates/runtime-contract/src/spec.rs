@@ -2,7 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use std::collections::BTreeMap;
+
 use crate::context::ContextPolicy;
+use crate::escalation::{Ladder, ToolLoopRule};
 use crate::inference::ToolChoice;
 use crate::lifecycle::StopConditionSpec;
 
@@ -47,6 +50,17 @@ pub struct AgentSpec {
     /// ([`crate::context`]); `None` sends the whole history every round.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<ContextPolicy>,
+    /// Each detector's escalation ladder, by detector code
+    /// ([`crate::escalation`]); it replaces that detector's `on_detect`.
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "crate::escalation::deserialize_escalation"
+    )]
+    pub escalation: BTreeMap<String, Ladder>,
+    /// Per-tool rules of the tool-call loop detectors, by tool name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tool_rules: BTreeMap<String, ToolLoopRule>,
 }
 
 impl AgentSpec {
@@ -62,6 +76,8 @@ impl AgentSpec {
             stop_conditions: Vec::new(),
             tool_choice: ToolChoice::Auto,
             context: None,
+            escalation: BTreeMap::new(),
+            tool_rules: BTreeMap::new(),
         }
     }
 
@@ -98,6 +114,19 @@ impl AgentSpec {
     /// Sets the context policy.
     pub fn with_context(mut self, policy: ContextPolicy) -> Self {
         self.context = Some(policy);
+        self
+    }
+
+    /// Sets the escalation ladder of the detector with stop code `code`
+    /// (e.g. `tool_call_loop`), replacing its `on_detect`.
+    pub fn with_escalation(mut self, code: impl Into<String>, ladder: Ladder) -> Self {
+        self.escalation.insert(code.into(), ladder);
+        self
+    }
+
+    /// Sets `tool`'s own rule for the tool-call loop detectors.
+    pub fn with_tool_rule(mut self, tool: impl Into<String>, rule: ToolLoopRule) -> Self {
+        self.tool_rules.insert(tool.into(), rule);
         self
     }
 

@@ -47,6 +47,9 @@ pub(crate) struct Agent {
     /// measures its prompts with: `context` when the agent has one, else a
     /// setup without policy or budget.
     pub(crate) measure: Arc<crate::context::ContextSetup>,
+    /// `spec.tool_rules`, shared by the runs' tool-call loop detectors.
+    pub(crate) tool_rules:
+        Arc<std::collections::BTreeMap<String, rein_runtime_contract::escalation::ToolLoopRule>>,
 }
 
 impl std::fmt::Debug for Agent {

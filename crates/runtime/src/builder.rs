@@ -36,6 +36,15 @@ pub enum BuildError {
         /// What is wrong, naming the key.
         message: String,
     },
+    /// An agent's escalation ladders or tool rules do not fit its stop
+    /// conditions.
+    #[error("agent \"{agent_id}\": invalid escalation: {message}")]
+    InvalidEscalation {
+        /// The agent.
+        agent_id: String,
+        /// What is wrong, naming the detector code or tool.
+        message: String,
+    },
     /// A token counter was registered for a model nobody registered.
     #[error(
         "a token counter is registered for model \"{model_id}\", which is not a registered model; registered: {known}"
@@ -483,6 +492,7 @@ impl AgentRuntimeBuilder {
                 descriptors.push(descriptor);
                 tools.insert(name, tool);
             }
+            check_escalation(&spec)?;
             if let Some(policy) = &spec.context {
                 policy
                     .validate()
@@ -529,6 +539,7 @@ impl AgentRuntimeBuilder {
                 hooks,
                 context,
                 measure,
+                tool_rules: Arc::new(spec.tool_rules.clone()),
                 keys: std::mem::take(&mut registrar.keys),
                 spec,
             };
@@ -606,6 +617,47 @@ fn context_setup(
         views: std::sync::Mutex::default(),
     });
     Ok((setup.clone(), active.then_some(setup)))
+}
+
+/// Checks that every ladder is for a detector the agent lists, `deny` only
+/// for detectors that watch tool calls, and tool rules only with a
+/// tool-call loop detector.
+fn check_escalation(spec: &AgentSpec) -> Result<(), BuildError> {
+    use rein_runtime_contract::escalation::{DENY_CODES, EscalationAction, LADDER_CODES};
+    let error = |message: String| BuildError::InvalidEscalation {
+        agent_id: spec.id.clone(),
+        message,
+    };
+    let listed: Vec<&str> = spec.stop_conditions.iter().map(|c| c.kind()).collect();
+    for (code, ladder) in &spec.escalation {
+        if !LADDER_CODES.contains(&code.as_str()) {
+            return Err(error(format!(
+                "unknown detector \"{code}\"; ladders can be set for: {}",
+                LADDER_CODES.join(", ")
+            )));
+        }
+        if !listed.contains(&code.as_str()) {
+            return Err(error(format!(
+                "a ladder is set for `{code}`, but no `{code}` stop condition is listed; add one to stop_conditions or drop the ladder"
+            )));
+        }
+        if ladder.has(EscalationAction::Deny) && !DENY_CODES.contains(&code.as_str()) {
+            return Err(error(format!(
+                "`{code}` does not watch tool calls, so its ladder cannot `deny`; `deny` is for {}",
+                DENY_CODES.join(", ")
+            )));
+        }
+    }
+    if let Some(tool) = spec.tool_rules.keys().next()
+        && !listed
+            .iter()
+            .any(|k| *k == "tool_call_loop" || *k == "tool_call_cycle")
+    {
+        return Err(error(format!(
+            "tool_rules (for \"{tool}\") apply to `tool_call_loop` and `tool_call_cycle`, and neither is listed"
+        )));
+    }
+    Ok(())
 }
 
 /// The smallest of the agent's `token_budget`s (0 disables one), if any.

@@ -118,6 +118,23 @@ pub(super) struct Stuck {
     pub(super) duplicates: Duplicates,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ErrorRate {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    pub(super) errors: RateErrors,
+    pub(super) within_seconds: Seconds,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NoProgress {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    pub(super) rounds: StaleRounds,
+}
+
 impl Duplicates {
     fn default_duplicates() -> Self {
         Self(2)
@@ -264,6 +281,20 @@ checked_uint!(
     "a number of earlier duplicates",
     |v| v <= MAX_STUCK_DUPLICATES as u64,
     "duplicates must be at most 63 (a run remembers its last 64 answers); 0 disables"
+);
+checked_uint!(
+    RateErrors,
+    usize,
+    "a number of errors",
+    |v| v <= MAX_ERROR_RATE_ERRORS as u64,
+    "errors must be at most 1000; 0 disables"
+);
+checked_uint!(
+    StaleRounds,
+    usize,
+    "a number of rounds",
+    |v| v <= MAX_NO_PROGRESS_ROUNDS as u64,
+    "rounds must be at most 1000; 0 disables"
 );
 checked_uint!(
     Cycle,

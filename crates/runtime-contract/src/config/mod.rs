@@ -81,6 +81,10 @@ pub const MAX_CONSECUTIVE_ERRORS: usize = 1_000_000;
 /// The largest accepted `stuck.duplicates`: a run remembers its last 64
 /// answers, so at most 63 earlier ones can repeat the newest.
 pub const MAX_STUCK_DUPLICATES: usize = 63;
+/// The largest accepted `error_rate.errors`.
+pub const MAX_ERROR_RATE_ERRORS: usize = 1000;
+/// The largest accepted `no_progress.rounds`.
+pub const MAX_NO_PROGRESS_ROUNDS: usize = 1000;
 
 /// A configuration document that could not be loaded: what is wrong, and
 /// where (file, 1-based line and column) when known.
@@ -316,7 +320,7 @@ fn item_kinds(list: &serde_yaml::Value) -> Vec<Option<String>> {
 }
 
 /// The stop condition `type` names, in declaration order.
-pub const STOP_CONDITION_TYPES: [&str; 12] = [
+pub const STOP_CONDITION_TYPES: [&str; 14] = [
     "max_rounds",
     "timeout",
     "token_budget",
@@ -329,6 +333,8 @@ pub const STOP_CONDITION_TYPES: [&str; 12] = [
     "tool_call_cycle",
     "content_chanting",
     "stuck",
+    "error_rate",
+    "no_progress",
 ];
 
 struct StopConditionsDocSeed<'k> {
@@ -525,6 +531,17 @@ impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
                     duplicates: i.duplicates.0,
                 }
             }
+            Some("error_rate") => {
+                let i = items::ErrorRate::deserialize(d)?;
+                StopConditionSpec::ErrorRate {
+                    errors: i.errors.0,
+                    within_seconds: i.within_seconds.0,
+                }
+            }
+            Some("no_progress") => {
+                let i = items::NoProgress::deserialize(d)?;
+                StopConditionSpec::NoProgress { rounds: i.rounds.0 }
+            }
             // Unknown or missing: report it at the `type` value (or the item).
             _ => {
                 items::TypeOnly::deserialize(d)?;
@@ -547,6 +564,8 @@ pub const AGENT_SPEC_KEYS: &[&str] = &[
     "stop_conditions",
     "tool_choice",
     "context",
+    "escalation",
+    "tool_rules",
 ];
 
 /// Deserializes an agent spec that is one item of a larger YAML document
@@ -590,6 +609,15 @@ impl<'de> DeserializeSeed<'de> for AgentSpecSeed<'_> {
     }
 }
 
+/// `escalation:`, checked as [`crate::escalation::deserialize_escalation`].
+struct EscalationSeed(std::collections::BTreeMap<String, crate::escalation::Ladder>);
+
+impl<'de> Deserialize<'de> for EscalationSeed {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        crate::escalation::deserialize_escalation(d).map(Self)
+    }
+}
+
 struct AgentSpecVisitor<'k> {
     kinds: &'k [Option<String>],
     keys: &'static [&'static str],
@@ -623,6 +651,8 @@ impl<'de> Visitor<'de> for AgentSpecVisitor<'_> {
                 }
                 "tool_choice" => spec.tool_choice = map.next_value::<ToolChoice>()?,
                 "context" => spec.context = Some(map.next_value()?),
+                "escalation" => spec.escalation = map.next_value::<EscalationSeed>()?.0,
+                "tool_rules" => spec.tool_rules = map.next_value()?,
                 other => extra.push((other, map.next_value::<serde_yaml::Value>()?)),
             }
         }

@@ -123,7 +123,11 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
             run_id: control.run_id.to_string(),
             agent_id: agent.spec.id.clone(),
         },
-        detectors: Detectors::new(&agent.spec.stop_conditions),
+        detectors: Detectors::new(
+            &agent.spec.stop_conditions,
+            &agent.spec.escalation,
+            &agent.tool_rules,
+        ),
         agent,
         control,
         events: sink.is_enabled(),
@@ -213,6 +217,17 @@ struct Run {
 /// Sends `event` to `sink`, containing a panic in the sink: a sink that
 /// panics loses that event (it is logged) and changes nothing else about
 /// the run.
+/// The `detected` event of a detection that took the step `action`.
+fn detected_event(id: &RunIdentity, reason: &StoppedReason, action: &str) -> AgentEvent {
+    AgentEvent::Detected {
+        run_id: id.run_id.clone(),
+        thread_id: id.thread_id.clone(),
+        code: reason.code.clone(),
+        detail: reason.detail.clone(),
+        action: action.to_owned(),
+    }
+}
+
 pub(crate) fn emit_guarded(sink: &dyn EventSink, event: AgentEvent) {
     let delivered = std::panic::catch_unwind(AssertUnwindSafe(|| sink.emit(event)));
     if let Err(payload) = delivered {
@@ -487,7 +502,14 @@ impl Run {
                     .termination
                     .get_or_insert(TerminationReason::Stopped(reason));
             }
+            Verdict::Warn(reason) => self.detected(reason, "warn"),
+            Verdict::Deny(reason) => self.detected(reason, "deny"),
         }
+    }
+
+    /// Reports a detection that did not end the run.
+    fn detected(&self, reason: StoppedReason, action: &str) {
+        self.emit(|| detected_event(&self.id, &reason, action));
     }
 
     /// Evaluates the built-in guard unless a stop is already requested.
@@ -594,6 +616,13 @@ impl Run {
                         }
                         if watch {
                             verdict = detectors.observe_text(text);
+                            // A warning is reported; the answer goes on.
+                            if let Some(Verdict::Warn(reason)) = &verdict {
+                                if let Some(sink) = sink {
+                                    emit_guarded(&**sink, detected_event(id, reason, "warn"));
+                                }
+                                verdict = None;
+                            }
                         }
                     }
                     partial.apply(delta);
@@ -654,6 +683,11 @@ impl Run {
     /// wait out the backoff. Returns the reason if the run ends here.
     async fn after_failed_inference(&mut self, error: InferenceError) -> Option<TerminationReason> {
         self.record(InferenceRecord::Failed);
+        if self.detectors.watches_progress()
+            && let Some(verdict) = self.detectors.observe_error(Instant::now().into_std())
+        {
+            self.apply_verdict(verdict);
+        }
         let focus = Focus {
             error: Some(&error),
             ..Focus::default()

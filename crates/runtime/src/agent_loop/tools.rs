@@ -21,7 +21,7 @@ use tracing::Instrument;
 
 use super::{Focus, Run, interrupted};
 use crate::active_runs::CURRENT_RUN;
-use crate::detectors::CallRecord;
+use crate::detectors::{CallRecord, Verdict};
 use crate::phase::panic_message;
 use crate::telemetry;
 
@@ -106,6 +106,8 @@ impl Run {
     /// dropped (aborted and awaited) before this returns.
     pub(super) async fn run_tools(&mut self, calls: &[ToolCall]) -> Result<(), TerminationReason> {
         let mut results: Vec<Option<ToolResult>> = vec![None; calls.len()];
+        // Calls a detector denied: recorded, never observed as run.
+        let mut denied = vec![false; calls.len()];
         let mut ready: Vec<(usize, Arc<dyn Tool>)> = Vec::with_capacity(calls.len());
         let mut ending: Option<TerminationReason> = None;
         for (i, call) in calls.iter().enumerate() {
@@ -119,6 +121,31 @@ impl Run {
             }
             if self.directives.termination.is_some() || self.control.token.is_cancelled() {
                 break;
+            }
+            // A call a detector denied does not run; one past the ladder's
+            // `deny` steps may stop the run instead.
+            if self.detectors.denies()
+                && let Some(verdict) = self.detectors.screen(call)
+            {
+                match verdict {
+                    Verdict::Deny(reason) => {
+                        self.started(call);
+                        results[i] = Some(ToolResult {
+                            call_id: call.id.clone(),
+                            name: call.name.clone(),
+                            content: crate::detectors::denied_result(&reason),
+                            is_error: true,
+                        });
+                        denied[i] = true;
+                        self.apply_verdict(Verdict::Deny(reason));
+                        continue;
+                    }
+                    stop @ Verdict::Stop(_) => {
+                        self.apply_verdict(stop);
+                        break;
+                    }
+                    other => self.apply_verdict(other),
+                }
             }
             match self.agent.tools.get(&call.name) {
                 Some(tool) => ready.push((i, tool.clone())),
@@ -193,8 +220,9 @@ impl Run {
 
         let run_after_hooks = !cancelled && ending.is_none();
         let watch = self.detectors.watches_tool_calls();
+        let errors = self.detectors.watches_progress();
         let mut records: Vec<CallRecord> = Vec::new();
-        for (call, result) in calls.iter().zip(results) {
+        for ((call, result), denied) in calls.iter().zip(results).zip(denied) {
             let Some(result) = result else { continue };
             if run_after_hooks && ending.is_none() {
                 let focus = Focus {
@@ -214,7 +242,14 @@ impl Run {
                 result: result.content.clone(),
                 is_error: result.is_error,
             });
-            if watch {
+            if errors
+                && result.is_error
+                && !denied
+                && let Some(verdict) = self.detectors.observe_error(std::time::Instant::now())
+            {
+                self.apply_verdict(verdict);
+            }
+            if watch && !denied {
                 records.push(CallRecord::new(call, &result));
             }
             self.history_mut().push(result.into_message());
@@ -222,11 +257,13 @@ impl Run {
         if cancelled {
             return Err(self.cancelled_reason());
         }
-        if ending.is_none()
-            && watch
-            && let Some(verdict) = self.detectors.observe_tool_results(&records)
-        {
-            self.apply_verdict(verdict);
+        if ending.is_none() && watch {
+            if let Some(verdict) = self.detectors.observe_tool_results(&records) {
+                self.apply_verdict(verdict);
+            }
+            if errors && let Some(verdict) = self.detectors.observe_progress(&records) {
+                self.apply_verdict(verdict);
+            }
         }
         ending.map_or(Ok(()), Err)
     }

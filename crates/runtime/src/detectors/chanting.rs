@@ -61,6 +61,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use rein_runtime_contract::escalation::Ladder;
 use rein_runtime_contract::lifecycle::OnDetect;
 
 use self::lines::{Lines, Step};
@@ -95,6 +96,13 @@ impl ChantingDetector {
             lines: Lines::new(),
             chunks: Chunks::new(chunk_chars, threshold),
         })
+    }
+
+    /// Climbs `ladder` on each detection instead of `on_detect`'s (`deny`
+    /// does not apply: chanting is not a tool call).
+    pub fn with_ladder(mut self, ladder: Ladder) -> Self {
+        self.escalation = Escalation::with_ladder(ladder);
+        self
     }
 
     /// Forgets the previous answer (the escalation state is kept).
@@ -476,7 +484,7 @@ mod tests {
                     r.detail
                 );
             }
-            Verdict::Nudge(_) => panic!("stop by default"),
+            other => panic!("stop by default, got {other:?}"),
         }
     }
 

@@ -1,8 +1,15 @@
-//! Loop detectors: the stop conditions that need more than
+//! Detectors: the stop conditions that need more than
 //! [`StopPolicyStats`](crate::policies::StopPolicyStats) — repeated tool-call
 //! cycles, the same call failing again and again, "chanting" inside one
-//! streamed answer, and stuck responses — each checked at its own point of
-//! the round, each able to nudge before it stops.
+//! streamed answer, stuck responses, errors piling up over time and rounds
+//! without progress — each checked at its own point of the round.
+//!
+//! Each detection climbs the detector's escalation
+//! [`Ladder`] (its `on_detect`, or the agent's `escalation:` entry for its
+//! code): a [`Verdict`] to warn, nudge, deny or stop. A `deny` makes the
+//! tool-call detectors refuse the repeated call before it runs
+//! (`Detectors::screen`); the next detection after the `deny` steps moves
+//! on.
 //!
 //! | detector | checked | code |
 //! |---|---|---|
@@ -11,6 +18,8 @@
 //! | [`ToolErrorLoopDetector`] | likewise | `tool_error_loop` |
 //! | [`ChantingDetector`] | while the answer streams | `content_chanting` |
 //! | [`StuckDetector`] | after each inference, in `stop_conditions` order | `stuck` |
+//! | [`ErrorRateDetector`] | after a failed inference and each tool error | `error_rate` |
+//! | [`NoProgressDetector`] | after the round's tool results are recorded | `no_progress` |
 //!
 //! Detectors do not cancel and do not end runs themselves: they return a
 //! [`Verdict`] and the agent loop acts on it. They are public so that the
@@ -18,58 +27,82 @@
 //! run, list the matching `StopConditionSpec` instead.
 
 mod chanting;
+mod progress;
 mod stuck;
 mod tool_calls;
 mod tool_errors;
 
 pub use chanting::{CHANTING_NUDGE, ChantingDetector, MEAN_GAP_FACTOR};
+pub use progress::{ERROR_RATE_NUDGE, ErrorRateDetector, NO_PROGRESS_NUDGE, NoProgressDetector};
 pub use stuck::{STUCK_NUDGE, StuckDetector};
 pub use tool_calls::{MAX_TOOL_LOOP_THRESHOLD, ToolCallLoopDetector};
 pub use tool_errors::ToolErrorLoopDetector;
 
 use std::sync::Arc;
 
+use std::collections::BTreeMap;
+
+use rein_runtime_contract::escalation::{EscalationAction, Ladder, ToolLoopRule};
 use rein_runtime_contract::lifecycle::{OnDetect, StopConditionSpec, StoppedReason};
 use rein_runtime_contract::message::{ToolCall, ToolResult};
 
-/// What a detector asks of the loop when it fires.
+/// What a detector asks of the loop when it fires: the step of its
+/// escalation [`Ladder`] this detection reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Verdict {
+    /// Report the detection (a `detected` event) and go on.
+    Warn(StoppedReason),
     /// Add this user message before the next inference and go on.
     Nudge(String),
+    /// Do not run the repeated tool call from now on (its result says
+    /// why); the reason names the detector and what it saw.
+    Deny(StoppedReason),
     /// End the run.
     Stop(StoppedReason),
 }
 
-/// First detection nudges (when configured), the next one stops.
-#[derive(Debug, Clone, Copy)]
+/// A detector's place on its ladder: each detection takes the next step.
+#[derive(Debug, Clone)]
 struct Escalation {
-    on_detect: OnDetect,
+    ladder: Ladder,
+    fired: u32,
     nudged: bool,
 }
 
 impl Escalation {
     fn new(on_detect: OnDetect) -> Self {
+        Self::with_ladder(Ladder::from_on_detect(on_detect))
+    }
+
+    fn with_ladder(ladder: Ladder) -> Self {
         Self {
-            on_detect,
+            ladder,
+            fired: 0,
             nudged: false,
         }
     }
 
-    /// The verdict for a detection: a nudge the first time when the policy
-    /// is `nudge_then_stop`, else a stop whose detail says whether a nudge
-    /// came first.
+    /// The verdict for a detection: the ladder's next step. A stop's
+    /// detail says whether a nudge came first.
     fn fire(&mut self, code: &str, detail: String, nudge: &str) -> Verdict {
-        if self.on_detect == OnDetect::NudgeThenStop && !self.nudged {
-            self.nudged = true;
-            return Verdict::Nudge(nudge.to_owned());
+        self.fired = self.fired.saturating_add(1);
+        match self.ladder.action(self.fired) {
+            EscalationAction::Warn => Verdict::Warn(StoppedReason::new(code, detail)),
+            EscalationAction::Nudge => {
+                self.nudged = true;
+                Verdict::Nudge(nudge.to_owned())
+            }
+            EscalationAction::Deny => Verdict::Deny(StoppedReason::new(code, detail)),
+            _ => {
+                let detail = if self.nudged {
+                    format!("{detail} (again, after a nudge)")
+                } else {
+                    detail
+                };
+                Verdict::Stop(StoppedReason::new(code, detail))
+            }
         }
-        let detail = if self.nudged {
-            format!("{detail} (again, after a nudge)")
-        } else {
-            detail
-        };
-        Verdict::Stop(StoppedReason::new(code, detail))
     }
 }
 
@@ -98,6 +131,70 @@ impl ToolDetector {
             Self::Errors(d) => d.observe_records(records),
         }
     }
+
+    fn screen(&mut self, plain: u64, name: &str) -> Option<Verdict> {
+        match self {
+            Self::Calls(d) => d.screen(plain, name),
+            Self::Errors(d) => d.screen(plain, name),
+        }
+    }
+
+    fn denies(&self) -> bool {
+        match self {
+            Self::Calls(d) => d.denies(),
+            Self::Errors(d) => d.denies(),
+        }
+    }
+}
+
+/// The calls a tool-call detector refuses after a `deny` step, by their
+/// name-and-arguments key, with the detection that denied them.
+#[derive(Debug, Default)]
+pub(crate) struct Denied {
+    keys: Vec<u64>,
+    code: &'static str,
+}
+
+impl Denied {
+    fn set(&mut self, code: &'static str, keys: impl IntoIterator<Item = u64>) {
+        self.code = code;
+        self.keys.clear();
+        self.keys.extend(keys);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The verdict for a call about to run: `None` unless it is denied;
+    /// then the ladder's next step (a step past `deny` lifts the denial).
+    fn screen(
+        &mut self,
+        escalation: &mut Escalation,
+        plain: u64,
+        name: &str,
+        nudge: &str,
+    ) -> Option<Verdict> {
+        if !self.keys.contains(&plain) {
+            return None;
+        }
+        let detail = format!(
+            "the tool call {name} was made again after it was denied for repeating; it did not run"
+        );
+        let verdict = escalation.fire(self.code, detail, nudge);
+        if !matches!(verdict, Verdict::Deny(_)) {
+            self.keys.clear();
+        }
+        Some(verdict)
+    }
+}
+
+/// The text of a denied call's result.
+pub(crate) fn denied_result(reason: &StoppedReason) -> String {
+    format!(
+        "not run: Rein's `{}` detector denied this call: {}. Calling it again with the same arguments will not help; change the arguments or the approach.",
+        reason.code, reason.detail
+    )
 }
 
 /// What the tool-call detectors keep of one finished call, made once per
@@ -106,6 +203,10 @@ impl ToolDetector {
 pub(crate) struct CallRecord {
     /// Name, canonical arguments and result text.
     key: u64,
+    /// Name and canonical arguments alone (what `deny` refuses).
+    plain: u64,
+    /// The result text alone (what `no_progress` compares).
+    outcome: u64,
     name: Arc<str>,
     /// For a failed call: the key of its name and arguments alone, and the
     /// start of its error text.
@@ -120,16 +221,25 @@ impl CallRecord {
 
     /// The record of `call` answered by `result`.
     pub(crate) fn new(call: &ToolCall, result: &ToolResult) -> Self {
+        let plain = tool_calls::call_key(call);
+        let outcome = tool_calls::outcome_key(&result.content);
         Self {
-            key: tool_calls::call_key(call, Some(&result.content)),
+            key: tool_calls::with_result(plain, outcome),
+            plain,
+            outcome,
             name: Arc::from(call.name.as_str()),
-            failure: result.is_error.then(|| {
-                (
-                    tool_calls::call_key(call, None),
-                    snippet(&result.content, 200),
-                )
-            }),
+            failure: result
+                .is_error
+                .then(|| (plain, snippet(&result.content, 200))),
         }
+    }
+}
+
+/// `detector` with `ladder` when there is one.
+fn maybe<T>(detector: T, ladder: Option<Ladder>, with: fn(T, Ladder) -> T) -> T {
+    match ladder {
+        Some(ladder) => with(detector, ladder),
+        None => detector,
     }
 }
 
@@ -141,11 +251,28 @@ pub(crate) struct Detectors {
     chanting: Vec<ChantingDetector>,
     /// Indexed by the position among the spec's `stuck` conditions.
     pub(crate) stuck: Vec<StuckDetector>,
+    /// `error_rate` and `no_progress`, in list order.
+    progress: Vec<Progress>,
+}
+
+/// A detector of errors over time or of progress over rounds.
+#[derive(Debug)]
+enum Progress {
+    Errors(ErrorRateDetector),
+    Rounds(NoProgressDetector),
 }
 
 impl Detectors {
-    pub(crate) fn new(specs: &[StopConditionSpec]) -> Self {
+    /// The detectors of `specs`, each with its ladder from `escalation`
+    /// (by code) when one is given, and the tool-call loop detectors with
+    /// `tool_rules`.
+    pub(crate) fn new(
+        specs: &[StopConditionSpec],
+        escalation: &BTreeMap<String, Ladder>,
+        tool_rules: &Arc<BTreeMap<String, ToolLoopRule>>,
+    ) -> Self {
         let mut d = Self::default();
+        let ladder = |code: &str| escalation.get(code).cloned();
         for spec in specs {
             match *spec {
                 StopConditionSpec::ToolCallLoop {
@@ -153,37 +280,130 @@ impl Detectors {
                     max_cycle,
                     on_detect,
                 } => d.tool_loops.extend(
-                    ToolCallLoopDetector::new(threshold, max_cycle, on_detect)
-                        .map(ToolDetector::Calls),
+                    ToolCallLoopDetector::new(threshold, max_cycle, on_detect).map(|t| {
+                        ToolDetector::Calls(
+                            maybe(
+                                t,
+                                ladder("tool_call_loop"),
+                                ToolCallLoopDetector::with_ladder,
+                            )
+                            .with_tool_rules(tool_rules.clone()),
+                        )
+                    }),
                 ),
                 StopConditionSpec::ToolCallCycle {
                     cycle,
                     threshold,
                     on_detect,
                 } => d.tool_loops.extend(
-                    ToolCallLoopDetector::exact_cycle(cycle, threshold, on_detect)
-                        .map(ToolDetector::Calls),
+                    ToolCallLoopDetector::exact_cycle(cycle, threshold, on_detect).map(|t| {
+                        ToolDetector::Calls(
+                            maybe(
+                                t,
+                                ladder("tool_call_cycle"),
+                                ToolCallLoopDetector::with_ladder,
+                            )
+                            .with_tool_rules(tool_rules.clone()),
+                        )
+                    }),
                 ),
                 StopConditionSpec::ToolErrorLoop {
                     threshold,
                     on_detect,
-                } => d.tool_loops.extend(
-                    ToolErrorLoopDetector::new(threshold, on_detect).map(ToolDetector::Errors),
-                ),
+                } => d
+                    .tool_loops
+                    .extend(ToolErrorLoopDetector::new(threshold, on_detect).map(|t| {
+                        ToolDetector::Errors(maybe(
+                            t,
+                            ladder("tool_error_loop"),
+                            ToolErrorLoopDetector::with_ladder,
+                        ))
+                    })),
                 StopConditionSpec::ContentChanting {
                     chunk_chars,
                     threshold,
                     on_detect,
-                } => d
-                    .chanting
-                    .extend(ChantingDetector::new(chunk_chars, threshold, on_detect)),
+                } => d.chanting.extend(
+                    ChantingDetector::new(chunk_chars, threshold, on_detect).map(|c| {
+                        maybe(c, ladder("content_chanting"), ChantingDetector::with_ladder)
+                    }),
+                ),
                 StopConditionSpec::Stuck { duplicates } => {
-                    d.stuck.push(StuckDetector::new(duplicates));
+                    let stuck = StuckDetector::new(duplicates);
+                    d.stuck
+                        .push(maybe(stuck, ladder("stuck"), StuckDetector::with_ladder));
+                }
+                StopConditionSpec::ErrorRate {
+                    errors,
+                    within_seconds,
+                } => d
+                    .progress
+                    .extend(ErrorRateDetector::new(errors, within_seconds).map(|e| {
+                        Progress::Errors(maybe(
+                            e,
+                            ladder("error_rate"),
+                            ErrorRateDetector::with_ladder,
+                        ))
+                    })),
+                StopConditionSpec::NoProgress { rounds } => {
+                    d.progress.extend(NoProgressDetector::new(rounds).map(|p| {
+                        Progress::Rounds(maybe(
+                            p,
+                            ladder("no_progress"),
+                            NoProgressDetector::with_ladder,
+                        ))
+                    }))
                 }
                 _ => {}
             }
         }
         d
+    }
+
+    /// Whether a detector refuses some calls now (a `deny` step was taken).
+    pub(crate) fn denies(&self) -> bool {
+        self.tool_loops.iter().any(ToolDetector::denies)
+    }
+
+    /// Checks a call about to run against the calls detectors denied: the
+    /// first verdict (`Deny`: do not run it; `Stop`: end the run; `Warn`
+    /// or `Nudge`: run it), or `None`.
+    pub(crate) fn screen(&mut self, call: &ToolCall) -> Option<Verdict> {
+        let plain = tool_calls::call_key(call);
+        self.tool_loops
+            .iter_mut()
+            .find_map(|d| d.screen(plain, &call.name))
+    }
+
+    /// An inference failed or a tool call returned an error: the
+    /// `error_rate` detectors' first verdict.
+    pub(crate) fn observe_error(&mut self, now: std::time::Instant) -> Option<Verdict> {
+        let mut verdict = None;
+        for p in &mut self.progress {
+            if let Progress::Errors(d) = p {
+                let v = d.observe(now);
+                verdict = verdict.or(v);
+            }
+        }
+        verdict
+    }
+
+    /// Whether any detector watches errors or progress.
+    pub(crate) fn watches_progress(&self) -> bool {
+        !self.progress.is_empty()
+    }
+
+    /// A round's tool results (rounds without tool calls do not count):
+    /// the `no_progress` detectors' first verdict.
+    pub(crate) fn observe_progress(&mut self, records: &[CallRecord]) -> Option<Verdict> {
+        let mut verdict = None;
+        for p in &mut self.progress {
+            if let Progress::Rounds(d) = p {
+                let v = d.observe_round(records);
+                verdict = verdict.or(v);
+            }
+        }
+        verdict
     }
 
     /// Whether any detector watches the text stream.
@@ -193,7 +413,7 @@ impl Detectors {
 
     /// Whether any detector watches tool calls.
     pub(crate) fn watches_tool_calls(&self) -> bool {
-        !self.tool_loops.is_empty()
+        !self.tool_loops.is_empty() || !self.progress.is_empty()
     }
 
     /// A new answer starts streaming.

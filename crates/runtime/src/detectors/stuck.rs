@@ -2,6 +2,7 @@
 //! `duplicates` earlier ones of the same run. The first time, the run is
 //! nudged; on the next repeat it stops with code `stuck`.
 
+use rein_runtime_contract::escalation::Ladder;
 use rein_runtime_contract::lifecycle::OnDetect;
 
 use super::{Escalation, Verdict, snippet};
@@ -25,6 +26,12 @@ impl StuckDetector {
             duplicates,
             escalation: Escalation::new(OnDetect::NudgeThenStop),
         }
+    }
+
+    /// Climbs `ladder` on each detection instead of nudge-then-stop.
+    pub fn with_ladder(mut self, ladder: Ladder) -> Self {
+        self.escalation = Escalation::with_ladder(ladder);
+        self
     }
 
     /// Checks the newest response against the run's earlier ones (empty

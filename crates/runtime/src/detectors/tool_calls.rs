@@ -15,15 +15,16 @@
 //! length only: `A A A A A A` is a cycle of 1 repeated six times, never a
 //! cycle of 2 repeated three times.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io::Write;
 use std::sync::Arc;
 
+use rein_runtime_contract::escalation::{Ladder, ToolLoopRule};
 use rein_runtime_contract::lifecycle::OnDetect;
 use rein_runtime_contract::message::{ToolCall, ToolResult};
 
-use super::{CallRecord, Escalation, Verdict};
+use super::{CallRecord, Denied, Escalation, Verdict};
 
 /// Writes `value` as JSON with object keys sorted, whatever the map type.
 /// Keys and scalars are written straight into `out` (no string per key);
@@ -92,15 +93,28 @@ impl Write for HashWriter<'_> {
     }
 }
 
-/// The key of a call: its name, canonical arguments and, when given, its
-/// result text.
-pub(crate) fn call_key(call: &ToolCall, result: Option<&str>) -> u64 {
+/// The key of a call: its name and canonical arguments.
+pub(crate) fn call_key(call: &ToolCall) -> u64 {
     let mut h = DefaultHasher::new();
     call.name.hash(&mut h);
     canonical_json(&call.arguments, &mut HashWriter(&mut h));
     // 0xFF never occurs in UTF-8 JSON: it ends the arguments unambiguously.
     h.write_u8(0xFF);
+    h.finish()
+}
+
+/// The key of a result text.
+pub(crate) fn outcome_key(result: &str) -> u64 {
+    let mut h = DefaultHasher::new();
     result.hash(&mut h);
+    h.finish()
+}
+
+/// The key of a call (`plain`, from [`call_key`]) with its result's key.
+pub(crate) fn with_result(plain: u64, outcome: u64) -> u64 {
+    let mut h = DefaultHasher::new();
+    h.write_u64(plain);
+    h.write_u64(outcome);
     h.finish()
 }
 
@@ -118,12 +132,30 @@ pub struct ToolCallLoopDetector {
     max_cycle: usize,
     /// The stop code: `tool_call_loop` or `tool_call_cycle`.
     code: &'static str,
-    /// Keys of the most recent calls (at most `threshold × max_cycle`), with names.
-    history: VecDeque<(u64, Arc<str>)>,
+    /// The most recent calls (at most `keep`).
+    history: VecDeque<Entry>,
+    /// `threshold × max_cycle`, the largest per-tool threshold counting.
+    keep: usize,
     escalation: Escalation,
     /// After a nudge: the key of the call the loop would continue with.
     /// Repeating it as the very next call means the nudge failed.
     nudged_next: Option<u64>,
+    /// Per-tool thresholds and exemptions.
+    rules: Arc<BTreeMap<String, ToolLoopRule>>,
+    /// The calls refused after a `deny` step.
+    denied: Denied,
+}
+
+/// One call the detector remembers.
+#[derive(Debug)]
+struct Entry {
+    /// Name, canonical arguments and result.
+    key: u64,
+    name: Arc<str>,
+    /// Name and canonical arguments (what `deny` refuses).
+    plain: u64,
+    /// The repetitions that make a loop of this tool.
+    threshold: usize,
 }
 
 /// The nudge text for a loop over these tools.
@@ -169,9 +201,63 @@ impl ToolCallLoopDetector {
             max_cycle: max_cycle.min(rein_runtime_contract::config::MAX_CYCLE),
             code,
             history: VecDeque::new(),
+            keep: threshold
+                .min(MAX_TOOL_LOOP_THRESHOLD)
+                .saturating_mul(max_cycle.min(rein_runtime_contract::config::MAX_CYCLE)),
             escalation: Escalation::new(on_detect),
             nudged_next: None,
+            rules: Arc::default(),
+            denied: Denied::default(),
         })
+    }
+
+    /// Climbs `ladder` on each detection instead of `on_detect`'s.
+    pub fn with_ladder(mut self, ladder: Ladder) -> Self {
+        self.escalation = Escalation::with_ladder(ladder);
+        self
+    }
+
+    /// Applies per-tool rules: a tool's own threshold (the lowest among a
+    /// cycle's tools holds), or an exemption (its calls are skipped: they
+    /// neither count nor break a cycle).
+    pub fn with_tool_rules(mut self, rules: Arc<BTreeMap<String, ToolLoopRule>>) -> Self {
+        let most = rules
+            .values()
+            .filter_map(|r| r.threshold)
+            .fold(self.threshold, usize::max)
+            .min(MAX_TOOL_LOOP_THRESHOLD);
+        self.keep = most.saturating_mul(self.max_cycle);
+        self.rules = rules;
+        self
+    }
+
+    /// Whether calls are refused now.
+    pub(crate) fn denies(&self) -> bool {
+        !self.denied.is_empty()
+    }
+
+    /// A call about to run: a verdict if a `deny` step refused it.
+    pub(crate) fn screen(&mut self, plain: u64, name: &str) -> Option<Verdict> {
+        if self.denied.is_empty() {
+            return None;
+        }
+        self.denied
+            .screen(&mut self.escalation, plain, name, &tool_loop_nudge(name))
+    }
+
+    /// The repetitions that make a loop of the cycle of the last `cycle`
+    /// calls: the lowest of its tools' thresholds, each tool's own or the
+    /// detector's.
+    fn threshold_of(&self, cycle: usize) -> usize {
+        if self.rules.is_empty() {
+            return self.threshold;
+        }
+        let n = self.history.len();
+        self.history
+            .range(n.saturating_sub(cycle)..)
+            .map(|e| e.threshold)
+            .min()
+            .unwrap_or(self.threshold)
     }
 
     /// Records one round's calls and checks the tail of the history.
@@ -182,7 +268,6 @@ impl ToolCallLoopDetector {
     /// [`observe_round`](Self::observe_round) over records made once per
     /// call for every detector.
     pub(crate) fn observe_records(&mut self, records: &[CallRecord]) -> Option<Verdict> {
-        let keep = self.threshold.saturating_mul(self.max_cycle);
         // After a nudge, the next call repeating the loop is the nudge
         // failing: stop on it rather than wait for a fresh streak.
         if let (Some(next), Some(first)) = (self.nudged_next.take(), records.first())
@@ -192,15 +277,32 @@ impl ToolCallLoopDetector {
                 "the tool call {} was repeated right after a nudge to stop repeating it",
                 first.name
             );
-            return Some(
-                self.escalation
-                    .fire(self.code, detail, &tool_loop_nudge(&first.name)),
-            );
+            let verdict = self
+                .escalation
+                .fire(self.code, detail, &tool_loop_nudge(&first.name));
+            let (key, plain) = (first.key, first.plain);
+            match verdict {
+                Verdict::Nudge(_) => self.nudged_next = Some(key),
+                Verdict::Deny(_) => self.denied.set(self.code, [plain]),
+                _ => {}
+            }
+            return Some(verdict);
         }
         let mut found = None;
         for record in records {
-            self.history.push_back((record.key, record.name.clone()));
-            if self.history.len() > keep {
+            let rule = self.rules.get(&*record.name);
+            if rule.is_some_and(|r| r.exempt) {
+                continue;
+            }
+            self.history.push_back(Entry {
+                key: record.key,
+                name: record.name.clone(),
+                plain: record.plain,
+                threshold: rule
+                    .and_then(|r| r.threshold)
+                    .map_or(self.threshold, |t| t.clamp(2, MAX_TOOL_LOOP_THRESHOLD)),
+            });
+            if self.history.len() > self.keep {
                 self.history.pop_front();
             }
             if found.is_none() {
@@ -209,23 +311,28 @@ impl ToolCallLoopDetector {
         }
         let cycle = found?;
         let n = self.history.len();
-        let names: Vec<&str> = self
-            .history
-            .range(n - cycle..)
-            .map(|(_, name)| &**name)
-            .collect();
+        let names: Vec<&str> = self.history.range(n - cycle..).map(|e| &*e.name).collect();
         let tools = names.join(" → ");
         let detail = format!(
             "the tool call cycle [{tools}] repeated {} times with identical arguments and results",
-            self.threshold
+            self.threshold_of(cycle)
         );
         let verdict = self
             .escalation
             .fire(self.code, detail, &tool_loop_nudge(&tools));
-        if matches!(verdict, Verdict::Nudge(_)) {
-            // The loop would go on with the cycle's first call.
-            self.nudged_next = self.history.get(n - cycle).map(|(k, _)| *k);
-            self.history.clear();
+        match verdict {
+            Verdict::Nudge(_) => {
+                // The loop would go on with the cycle's first call.
+                self.nudged_next = self.history.get(n - cycle).map(|e| e.key);
+                self.history.clear();
+            }
+            Verdict::Deny(_) => {
+                let keys: Vec<u64> = self.history.range(n - cycle..).map(|e| e.plain).collect();
+                self.denied.set(self.code, keys);
+                self.history.clear();
+            }
+            Verdict::Warn(_) => self.history.clear(),
+            _ => {}
         }
         Some(verdict)
     }
@@ -235,10 +342,10 @@ impl ToolCallLoopDetector {
     /// repetition of a shorter one.
     fn cycle_at_tail(&self) -> Option<usize> {
         let n = self.history.len();
-        let same = |i: usize, j: usize| self.history[i].0 == self.history[j].0;
+        let same = |i: usize, j: usize| self.history[i].key == self.history[j].key;
         (self.min_cycle..=self.max_cycle).find(|&c| {
             // Checked: an overflowing span is longer than any history.
-            c.checked_mul(self.threshold).is_some_and(|span| {
+            c.checked_mul(self.threshold_of(c)).is_some_and(|span| {
                 span <= n
                     && (n - span..n - c).all(|i| same(i, i + c))
                     // With `min_cycle` 1 a shorter period would have been

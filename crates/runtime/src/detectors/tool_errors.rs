@@ -17,7 +17,9 @@
 use rein_runtime_contract::lifecycle::OnDetect;
 use rein_runtime_contract::message::{ToolCall, ToolResult};
 
-use super::{CallRecord, Escalation, MAX_TOOL_LOOP_THRESHOLD, Verdict};
+use rein_runtime_contract::escalation::Ladder;
+
+use super::{CallRecord, Denied, Escalation, MAX_TOOL_LOOP_THRESHOLD, Verdict};
 
 /// The nudge text for a call that keeps failing.
 pub(crate) fn tool_error_nudge(tool: &str, failures: usize) -> String {
@@ -37,6 +39,8 @@ pub struct ToolErrorLoopDetector {
     /// After a nudge: the key of the call that kept failing. Failing with it
     /// again as the very next call means the nudge failed.
     nudged_next: Option<u64>,
+    /// The call refused after a `deny` step.
+    denied: Denied,
 }
 
 impl ToolErrorLoopDetector {
@@ -48,7 +52,29 @@ impl ToolErrorLoopDetector {
             streak: None,
             escalation: Escalation::new(on_detect),
             nudged_next: None,
+            denied: Denied::default(),
         })
+    }
+
+    /// Climbs `ladder` on each detection instead of `on_detect`'s.
+    pub fn with_ladder(mut self, ladder: Ladder) -> Self {
+        self.escalation = Escalation::with_ladder(ladder);
+        self
+    }
+
+    /// Whether a call is refused now.
+    pub(crate) fn denies(&self) -> bool {
+        !self.denied.is_empty()
+    }
+
+    /// A call about to run: a verdict if a `deny` step refused it.
+    pub(crate) fn screen(&mut self, plain: u64, name: &str) -> Option<Verdict> {
+        if self.denied.is_empty() {
+            return None;
+        }
+        let nudge = tool_error_nudge(name, self.threshold);
+        self.denied
+            .screen(&mut self.escalation, plain, name, &nudge)
     }
 
     /// Records one round's calls, in call order; the verdict of the first
@@ -75,11 +101,17 @@ impl ToolErrorLoopDetector {
                 let detail = format!(
                     "the tool call {name} failed again with the same arguments right after a nudge to stop calling it (last error: {error})"
                 );
-                verdict = Some(self.escalation.fire(
+                let v = self.escalation.fire(
                     "tool_error_loop",
                     detail,
                     &tool_error_nudge(name, self.threshold),
-                ));
+                );
+                match v {
+                    Verdict::Nudge(_) => self.nudged_next = Some(key),
+                    Verdict::Deny(_) => self.denied.set("tool_error_loop", [key]),
+                    _ => {}
+                }
+                verdict = Some(v);
                 continue;
             }
             let count = match self.streak {
@@ -96,9 +128,17 @@ impl ToolErrorLoopDetector {
             let v = self
                 .escalation
                 .fire("tool_error_loop", detail, &tool_error_nudge(name, count));
-            if matches!(v, Verdict::Nudge(_)) {
-                self.nudged_next = Some(key);
-                self.streak = None;
+            match v {
+                Verdict::Nudge(_) => {
+                    self.nudged_next = Some(key);
+                    self.streak = None;
+                }
+                Verdict::Deny(_) => {
+                    self.denied.set("tool_error_loop", [key]);
+                    self.streak = None;
+                }
+                Verdict::Warn(_) => self.streak = None,
+                _ => {}
             }
             verdict = Some(v);
         }

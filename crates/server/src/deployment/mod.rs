@@ -470,6 +470,8 @@ const AGENT_ITEM_KEYS: &[&str] = &[
     "stop_conditions",
     "tool_choice",
     "context",
+    "escalation",
+    "tool_rules",
     "tools",
 ];
 
