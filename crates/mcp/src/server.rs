@@ -28,8 +28,8 @@ pub struct McpServer {
     id: String,
     transport: McpTransport,
     options: McpOptions,
-    /// The tools listed at start: (name, description, input schema).
-    listed: Vec<(String, String, Value)>,
+    /// The tools listed at start.
+    listed: Vec<Listed>,
     state: tokio::sync::Mutex<State>,
     generations: AtomicU64,
 }
@@ -40,7 +40,7 @@ impl std::fmt::Debug for McpServer {
             .field("id", &self.id)
             .field(
                 "tools",
-                &self.listed.iter().map(|t| &t.0).collect::<Vec<_>>(),
+                &self.listed.iter().map(|t| &t.name).collect::<Vec<_>>(),
             )
             .finish_non_exhaustive()
     }
@@ -56,6 +56,16 @@ enum State {
         reason: String,
     },
     Closed,
+}
+
+/// One tool the server listed at start.
+#[derive(Debug, Clone, Default)]
+struct Listed {
+    name: String,
+    description: String,
+    schema: Value,
+    /// Its `readOnlyHint` annotation.
+    read_only: bool,
 }
 
 struct Connection {
@@ -120,7 +130,17 @@ impl McpServer {
                     .get("inputSchema")
                     .cloned()
                     .unwrap_or_else(|| serde_json::json!({"type": "object"}));
-                Some((name, description, schema))
+                // The server's hint that the tool changes nothing.
+                let read_only = json
+                    .pointer("/annotations/readOnlyHint")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+                Some(Listed {
+                    name,
+                    description,
+                    schema,
+                    read_only,
+                })
             })
             .collect();
         server.state = tokio::sync::Mutex::new(State::Up(connection));
@@ -134,14 +154,14 @@ impl McpServer {
 
     /// The names of the server's tools, as the server names them.
     pub fn tool_names(&self) -> Vec<&str> {
-        self.listed.iter().map(|t| t.0.as_str()).collect()
+        self.listed.iter().map(|t| t.name.as_str()).collect()
     }
 
     /// Every tool of the server as a Rein tool named `<server>__<tool>`.
     pub fn tools(self: &Arc<Self>) -> Vec<Arc<dyn Tool>> {
         self.listed
             .iter()
-            .map(|(name, _, _)| self.make_tool(name))
+            .map(|t| self.make_tool(&t.name))
             .collect()
     }
 
@@ -151,7 +171,7 @@ impl McpServer {
     ///
     /// [`McpError::UnknownTool`] listing the server's tools.
     pub fn tool(self: &Arc<Self>, name: &str) -> Result<Arc<dyn Tool>, McpError> {
-        if self.listed.iter().any(|t| t.0 == name) {
+        if self.listed.iter().any(|t| t.name == name) {
             Ok(self.make_tool(name))
         } else {
             Err(McpError::UnknownTool {
@@ -163,15 +183,20 @@ impl McpServer {
     }
 
     fn make_tool(self: &Arc<Self>, name: &str) -> Arc<dyn Tool> {
-        let (_, description, schema) = self
+        let listed = self
             .listed
             .iter()
-            .find(|t| t.0 == name)
+            .find(|t| t.name == name)
             .cloned()
             .unwrap_or_default();
-        let descriptor =
-            ToolDescriptor::new(rein_name(&self.id, name), description).with_parameters(schema);
-        Arc::new(McpTool::new(self.clone(), name.to_owned(), descriptor))
+        let descriptor = ToolDescriptor::new(rein_name(&self.id, name), listed.description)
+            .with_parameters(listed.schema);
+        Arc::new(McpTool::new(
+            self.clone(),
+            name.to_owned(),
+            descriptor,
+            listed.read_only,
+        ))
     }
 
     /// The process id of a stdio server's current child (its process

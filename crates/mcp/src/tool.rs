@@ -15,14 +15,22 @@ pub struct McpTool {
     server: Arc<McpServer>,
     name: String,
     descriptor: ToolDescriptor,
+    /// The server's `readOnlyHint` annotation.
+    read_only: bool,
 }
 
 impl McpTool {
-    pub(crate) fn new(server: Arc<McpServer>, name: String, descriptor: ToolDescriptor) -> Self {
+    pub(crate) fn new(
+        server: Arc<McpServer>,
+        name: String,
+        descriptor: ToolDescriptor,
+        read_only: bool,
+    ) -> Self {
         Self {
             server,
             name,
             descriptor,
+            read_only,
         }
     }
 
@@ -36,6 +44,12 @@ impl McpTool {
 impl Tool for McpTool {
     fn descriptor(&self) -> ToolDescriptor {
         self.descriptor.clone()
+    }
+
+    /// As the server annotates it (`readOnlyHint`); a tool without the
+    /// annotation may have side effects.
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 
     async fn execute(

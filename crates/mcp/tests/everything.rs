@@ -104,6 +104,9 @@ async fn tools_are_listed_with_their_schemas_and_echo_and_get_sum_answer() {
         .await
         .unwrap();
     assert_eq!(out.to_content(), "Echo: hello");
+    // The server's `readOnlyHint` says how an interrupted call is recorded.
+    assert!(echo.read_only(), "echo is annotated read-only");
+    assert!(!tool(&server, "toggle-simulated-logging").read_only());
     let sum = tool(&server, "get-sum")
         .execute(json!({"a": 2, "b": 3}), &ctx())
         .await

@@ -103,7 +103,7 @@ async fn a_tool_that_honours_its_token_returns_and_one_that_ignores_it_is_droppe
         assert_eq!(completed.load(Ordering::SeqCst), 0);
         let results = tool_results(&runtime.thread_messages("t").await);
         assert_eq!(results.len(), 1);
-        let dropped = "cancelled: the run was cancelled before this call finished";
+        let dropped = "cancelled: the run was cancelled before this call finished — may_have_completed: the call was stopped while it ran; it may or may not have taken effect, so check before repeating it";
         if respect_token {
             // It may answer for itself before it is aborted; either way the call is answered.
             assert!(

@@ -82,7 +82,7 @@ async fn cancelling_during_tools_answers_every_call() {
     );
     assert_eq!(
         results[1].1,
-        "cancelled: the run was cancelled before this call finished"
+        "cancelled: the run was cancelled before this call finished — may_have_completed: the call was stopped while it ran; it may or may not have taken effect, so check before repeating it"
     );
 }
 

@@ -55,7 +55,7 @@ async fn a_submission_interrupts_the_active_run_and_continues_its_history() {
         [
             "first",
             "",
-            "cancelled: the run was cancelled before this call finished",
+            "cancelled: the run was cancelled before this call finished — may_have_completed: the call was stopped while it ran; it may or may not have taken effect, so check before repeating it",
             "second",
             "answer to the second message",
         ]

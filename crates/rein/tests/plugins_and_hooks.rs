@@ -242,7 +242,7 @@ async fn a_failing_hook_ends_the_run_with_an_error_naming_plugin_and_phase() {
     assert_history_valid(&history);
     assert_eq!(
         tool_results(&history)[0].1,
-        "not run: the run ended with an error"
+        "not run: the run ended with an error — not_started: the call never began, so it had no effect"
     );
 }
 
@@ -335,7 +335,7 @@ async fn request_termination_keeps_the_text_and_answers_unrun_calls() {
     assert!(
         results
             .iter()
-            .all(|r| r.1 == "not run: the run was stopped (policy)")
+            .all(|r| r.1 == "not run: the run was stopped (policy) — not_started: the call never began, so it had no effect")
     );
     assert!(
         !sink
@@ -494,7 +494,7 @@ async fn a_stop_before_the_first_call_answers_every_call_in_the_stored_history()
     assert!(
         results
             .iter()
-            .all(|r| r.1 == "not run: the run was stopped (policy)"),
+            .all(|r| r.1 == "not run: the run was stopped (policy) — not_started: the call never began, so it had no effect"),
         "{results:?}"
     );
     assert!(

@@ -47,6 +47,6 @@ async fn the_named_tool_never_runs_and_its_call_is_answered() {
     assert_history_valid(&history);
     assert_eq!(
         tool_results(&history)[1].1,
-        "not run: the run was stopped (stop_on_tool)"
+        "not run: the run was stopped (stop_on_tool) — not_started: the call never began, so it had no effect"
     );
 }

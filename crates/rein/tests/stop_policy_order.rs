@@ -173,7 +173,7 @@ async fn the_stop_detail_reaches_the_result_and_the_run_finished_event_whole() {
     assert_history_valid(&history);
     assert_eq!(
         history.last().unwrap().content,
-        "not run: the run was stopped (token_budget)"
+        "not run: the run was stopped (token_budget) — not_started: the call never began, so it had no effect"
     );
 }
 

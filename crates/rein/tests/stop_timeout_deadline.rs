@@ -49,7 +49,7 @@ async fn a_tool_sleeping_past_the_deadline_is_cancelled() {
     assert_history_valid(&history);
     assert_eq!(
         tool_results(&history)[0].1,
-        "cancelled: the run was cancelled before this call finished"
+        "cancelled: the run was cancelled before this call finished — may_have_completed: the call was stopped while it ran; it may or may not have taken effect, so check before repeating it"
     );
 }
 

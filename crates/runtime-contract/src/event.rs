@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 pub use crate::lifecycle::CancelCause;
-use crate::lifecycle::TerminationReason;
+use crate::lifecycle::{StopReport, TerminationReason};
 use crate::message::{CacheUsage, TokenUsage};
 
 /// Something that happened in a run.
@@ -221,6 +221,10 @@ pub enum AgentEvent {
         /// outputs plugin).
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         outputs: BTreeMap<String, serde_json::Value>,
+        /// How the run ended and how to go on: limits used, tool calls
+        /// that did not complete, whether it can be resumed safely.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        report: Option<StopReport>,
     },
 }
 

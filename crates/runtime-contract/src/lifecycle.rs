@@ -442,3 +442,163 @@ mod tests {
         assert!(err.is_err());
     }
 }
+
+/// What became of a tool call that did not complete normally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ToolCallStatus {
+    /// It never began (the run ended first), so it had no effect.
+    NotStarted,
+    /// It was stopped before it finished, and the tool is read-only: it
+    /// had no effect.
+    Interrupted,
+    /// It was running with possible side effects when it was stopped: it
+    /// may or may not have taken effect.
+    MayHaveCompleted,
+}
+
+impl ToolCallStatus {
+    /// The status's name, as in JSON and in the history's result text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotStarted => "not_started",
+            Self::Interrupted => "interrupted",
+            Self::MayHaveCompleted => "may_have_completed",
+        }
+    }
+
+    /// What the status means, for the result text the model sees.
+    pub fn explanation(self) -> &'static str {
+        match self {
+            Self::NotStarted => "the call never began, so it had no effect",
+            Self::Interrupted => {
+                "the call was stopped before it finished; the tool is read-only, so it had no effect"
+            }
+            Self::MayHaveCompleted => {
+                "the call was stopped while it ran; it may or may not have taken effect, so check before repeating it"
+            }
+        }
+    }
+}
+
+impl fmt::Display for ToolCallStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A tool call of the run that did not complete normally.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct IncompleteToolCall {
+    /// The model's id for the call.
+    pub call_id: String,
+    /// The tool.
+    pub name: String,
+    /// What became of it.
+    pub status: ToolCallStatus,
+}
+
+impl IncompleteToolCall {
+    /// The call `call_id` of tool `name`, with `status`.
+    pub fn new(
+        call_id: impl Into<String>,
+        name: impl Into<String>,
+        status: ToolCallStatus,
+    ) -> Self {
+        Self {
+            call_id: call_id.into(),
+            name: name.into(),
+            status,
+        }
+    }
+}
+
+/// A limit the run was configured with, and how much of it the run used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct LimitUsage {
+    /// The setting: `max_rounds`, `token_budget`, `timeout` or
+    /// `consecutive_errors`.
+    pub name: String,
+    /// How much the run used when it ended.
+    pub used: u64,
+    /// The limit.
+    pub limit: u64,
+    /// What is counted: `rounds`, `tokens`, `ms` or `errors`.
+    pub unit: String,
+}
+
+impl LimitUsage {
+    /// `used` of `limit` `unit`s of the setting `name`.
+    pub fn new(name: impl Into<String>, used: u64, limit: u64, unit: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            used,
+            limit,
+            unit: unit.into(),
+        }
+    }
+}
+
+impl fmt::Display for LimitUsage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}/{} {}",
+            self.name, self.used, self.limit, self.unit
+        )
+    }
+}
+
+/// Why a run ended and how to go on: the termination's code and detail,
+/// every configured limit with what the run used of it, whether the run
+/// can be continued safely, and a hint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct StopReport {
+    /// `natural_end`, `cancelled`, `error`, or the stop code.
+    pub code: String,
+    /// The termination's detail (empty for a natural end).
+    pub detail: String,
+    /// Each configured limit, with what the run used of it.
+    pub limits: Vec<LimitUsage>,
+    /// The tool calls that did not complete normally, in call order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<IncompleteToolCall>,
+    /// Whether the thread can be continued without checking anything
+    /// first: no tool call may have taken effect unseen.
+    pub resumable: bool,
+    /// How to continue, when there is something to say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+}
+
+impl StopReport {
+    /// A report of `termination` with no limits, no incomplete calls and
+    /// no hint; resumable.
+    pub fn new(termination: &TerminationReason) -> Self {
+        let (code, detail) = match termination {
+            TerminationReason::NaturalEnd => ("natural_end".to_owned(), String::new()),
+            TerminationReason::Cancelled => ("cancelled".to_owned(), String::new()),
+            TerminationReason::Error(message) => ("error".to_owned(), message.clone()),
+            TerminationReason::Stopped(r) => (r.code.clone(), r.detail.clone()),
+        };
+        Self {
+            code,
+            detail,
+            limits: Vec::new(),
+            tool_calls: Vec::new(),
+            resumable: true,
+            hint: None,
+        }
+    }
+
+    /// The calls that may have taken effect unseen.
+    pub fn uncertain_calls(&self) -> impl Iterator<Item = &IncompleteToolCall> {
+        self.tool_calls
+            .iter()
+            .filter(|c| c.status == ToolCallStatus::MayHaveCompleted)
+    }
+}

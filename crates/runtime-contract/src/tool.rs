@@ -139,6 +139,13 @@ pub trait Tool: Send + Sync {
         args: serde_json::Value,
         ctx: &ToolContext,
     ) -> Result<ToolOutput, ToolError>;
+
+    /// Whether the tool has no side effects. A read-only call stopped
+    /// before it finished is recorded as `interrupted`; any other as
+    /// `may_have_completed` (its outcome is unknown). Default: `false`.
+    fn read_only(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -15,13 +15,23 @@ use rein_runtime_contract::message::{Message, Role};
 ///
 /// Calls before `from` are assumed answered (the caller validated them).
 pub fn repair(messages: &mut Vec<Message>, from: usize, note: &str) -> usize {
+    repair_calls(messages, from, note).len()
+}
+
+/// [`repair`], returning the calls it answered (id and tool name), in
+/// history order.
+pub(crate) fn repair_calls(
+    messages: &mut Vec<Message>,
+    from: usize,
+    note: &str,
+) -> Vec<(String, String)> {
     // Each assistant message with calls is answered by the tool messages
     // right after it (its block); ids are matched within the block, so an
     // id a provider reuses in a later round is not mistaken for answered.
     // Within a block, calls and results pair by position among equal ids:
     // the k-th result with id X answers the k-th call with id X, so two
     // calls sharing an id need two results.
-    let mut missing: Vec<(usize, String)> = Vec::new();
+    let mut missing: Vec<(usize, String, String)> = Vec::new();
     let mut i = from.min(messages.len());
     while i < messages.len() {
         if messages[i].role == Role::Assistant && !messages[i].tool_calls.is_empty() {
@@ -39,7 +49,7 @@ pub fn repair(messages: &mut Vec<Message>, from: usize, note: &str) -> usize {
             for call in &messages[i].tool_calls {
                 match answered.get_mut(call.id.as_str()) {
                     Some(n) if *n > 0 => *n -= 1,
-                    _ => missing.push((end, call.id.clone())),
+                    _ => missing.push((end, call.id.clone(), call.name.clone())),
                 }
             }
             i = end;
@@ -47,13 +57,15 @@ pub fn repair(messages: &mut Vec<Message>, from: usize, note: &str) -> usize {
             i += 1;
         }
     }
-    let added = missing.len();
     // Insert from the back so earlier insertion points stay correct; calls of
     // one block keep their order because equal points are inserted in reverse.
-    for (at, id) in missing.into_iter().rev() {
-        messages.insert(at, Message::tool(id, note));
+    for (at, id, _) in missing.iter().rev() {
+        messages.insert(*at, Message::tool(id.clone(), note));
     }
-    added
+    missing
+        .into_iter()
+        .map(|(_, id, name)| (id, name))
+        .collect()
 }
 
 /// Why a run's input would make the history invalid: a tool result that

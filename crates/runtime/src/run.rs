@@ -7,7 +7,7 @@ use rein_runtime_contract::CancellationToken;
 
 use rein_runtime_contract::event::{CancelCause, EventSink};
 use rein_runtime_contract::inference::ToolChoice;
-use rein_runtime_contract::lifecycle::TerminationReason;
+use rein_runtime_contract::lifecycle::{StopReport, TerminationReason};
 use rein_runtime_contract::message::{CacheUsage, Message, TokenUsage};
 use rein_runtime_contract::state::StateKey;
 
@@ -146,6 +146,12 @@ pub struct AgentRunResult {
     /// as JSON by key name; empty when none are exported. Read one back
     /// typed with [`exported`](Self::exported).
     pub exports: BTreeMap<String, serde_json::Value>,
+    /// How the run ended and how to go on: every configured limit with
+    /// what the run used of it, the tool calls that did not complete
+    /// normally (`not_started`, `interrupted`, `may_have_completed`),
+    /// whether the thread can be resumed without checking anything, and a
+    /// hint.
+    pub report: StopReport,
 }
 
 impl AgentRunResult {
@@ -160,6 +166,7 @@ impl AgentRunResult {
         Self {
             run_id: run_id.into(),
             thread_id: thread_id.into(),
+            report: StopReport::new(&termination),
             termination,
             response: String::new(),
             steps: 0,
@@ -186,21 +193,9 @@ pub(crate) mod tests_support {
 
     /// A finished run on `thread_id` that used `tokens` input tokens.
     pub(crate) fn result(thread_id: &str, tokens: u64) -> AgentRunResult {
-        AgentRunResult {
-            run_id: "run-1".into(),
-            thread_id: thread_id.into(),
-            termination: TerminationReason::NaturalEnd,
-            response: String::new(),
-            steps: 1,
-            usage: TokenUsage {
-                input_tokens: tokens,
-                output_tokens: 0,
-            },
-            usage_complete: true,
-            cache_usage: None,
-            cancel_cause: None,
-            outputs: BTreeMap::new(),
-            exports: BTreeMap::new(),
-        }
+        let mut result = AgentRunResult::new("run-1", thread_id, TerminationReason::NaturalEnd);
+        result.steps = 1;
+        result.usage = TokenUsage::new(tokens, 0);
+        result
     }
 }

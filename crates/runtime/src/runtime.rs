@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use rein_runtime_contract::CancellationToken;
 use rein_runtime_contract::event::{AgentEvent, CancelCause, EventSink};
-use rein_runtime_contract::lifecycle::TerminationReason;
+use rein_runtime_contract::lifecycle::{StopReport, TerminationReason};
 use rein_runtime_contract::message::{Message, TokenUsage};
 use rein_runtime_contract::spec::AgentSpec;
 use rein_runtime_contract::tool::ToolDescriptor;
@@ -404,16 +404,27 @@ fn internal_failure(
             usage: TokenUsage::default(),
             cache_usage: None,
             outputs: Default::default(),
+            report: Some(panicked_report(&termination)),
         },
     );
     failed_result(run_id, thread_id, termination)
+}
+
+/// The report of a run whose loop panicked: not known to be resumable.
+fn panicked_report(termination: &TerminationReason) -> StopReport {
+    let mut report = StopReport::new(termination);
+    report.resumable = false;
+    report.hint = Some(
+        "Rein's run loop failed (a bug; please report it): check the thread's history before continuing"
+            .to_owned(),
+    );
+    report
 }
 
 fn failed_result(run_id: &str, thread_id: &str, termination: TerminationReason) -> AgentRunResult {
     AgentRunResult {
         run_id: run_id.to_owned(),
         thread_id: thread_id.to_owned(),
-        termination,
         response: String::new(),
         steps: 0,
         usage: TokenUsage::default(),
@@ -422,6 +433,8 @@ fn failed_result(run_id: &str, thread_id: &str, termination: TerminationReason) 
         cancel_cause: None,
         outputs: Default::default(),
         exports: Default::default(),
+        report: panicked_report(&termination),
+        termination,
     }
 }
 

@@ -52,7 +52,11 @@ async fn a_submission_is_accepted_runs_and_keeps_its_record_and_history() {
         json!({
             "run_id": run_id, "thread_id": "t", "agent_id": "fast", "status": "finished",
             "termination": {"type": "natural_end"}, "response": "Done quickly.", "steps": 1,
-            "usage": {"input_tokens": 0, "output_tokens": 0}
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "report": {
+                "code": "natural_end", "detail": "", "resumable": true,
+                "limits": [{"name": "max_rounds", "used": 1, "limit": 16, "unit": "rounds"}]
+            }
         })
     );
     let (status, history) = server.get("/v1/threads/t/messages").await;

@@ -27,6 +27,7 @@
 
 mod backoff;
 mod context;
+mod report;
 mod tools;
 
 pub(crate) use backoff::RetryBackoff;
@@ -40,7 +41,9 @@ use rein_runtime_contract::inference::{
     InferenceDelta, InferenceError, InferenceErrorKind, InferenceRequest, InferenceResponse,
     ToolChoice,
 };
-use rein_runtime_contract::lifecycle::{StoppedReason, TerminationReason};
+use rein_runtime_contract::lifecycle::{
+    IncompleteToolCall, StoppedReason, TerminationReason, ToolCallStatus,
+};
 use rein_runtime_contract::message::{CacheUsage, Message, TokenUsage, ToolCall, ToolResult};
 use rein_runtime_contract::phase::Phase;
 use tokio::time::Instant;
@@ -106,6 +109,13 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
     // A deadline too far away to represent is no deadline.
     let deadline = agent.deadline.and_then(|d| started.checked_add(d));
     let watchdog = DeadlineWatchdog::start(&control, deadline);
+    let run_budget = agent
+        .context
+        .as_ref()
+        .and_then(|c| c.budget)
+        .into_iter()
+        .chain(token_budget)
+        .min();
     let context = match (&agent.context, token_budget) {
         (None, None) => None,
         (setup, budget) => {
@@ -137,6 +147,8 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         trace_content,
         request,
         persisted: 0,
+        incomplete: Vec::new(),
+        token_budget: run_budget,
         state,
         directives: Directives::default(),
         started,
@@ -198,6 +210,10 @@ struct Run {
     request: InferenceRequest,
     /// How much of the history the store already has.
     persisted: usize,
+    /// Tool calls that did not complete normally, in the order recorded.
+    incomplete: Vec<IncompleteToolCall>,
+    /// The run's token budget (the agent's and the request's smaller).
+    token_budget: Option<u64>,
     state: RunState,
     directives: Directives,
     started: Instant,
@@ -802,9 +818,17 @@ impl Run {
     async fn finish(mut self, mut reason: TerminationReason) -> AgentRunResult {
         // Nudges requested in the last round have no inference to join.
         self.directives.user_messages.clear();
-        let note = not_run_note(&reason, self.control.cause());
+        let status = ToolCallStatus::NotStarted;
+        let note = format!(
+            "{} — {status}: {}",
+            not_run_note(&reason, self.control.cause()),
+            status.explanation()
+        );
         let from = self.persisted;
-        history::repair(self.history_mut(), from, &note);
+        for (id, name) in history::repair_calls(self.history_mut(), from, &note) {
+            self.incomplete
+                .push(IncompleteToolCall::new(id, name, status));
+        }
         if let Err(failure) = self.hooks(Phase::RunEnd, Focus::default()).await {
             reason = failure;
         }
@@ -829,6 +853,7 @@ impl Run {
             .cloned()
             .unwrap_or_default();
         let exports = self.state.exports(&self.agent.keys);
+        let report = self.report(&reason);
         tracing::debug!(%reason, steps = self.steps, "run finished");
         // The one `RunFinished`; the claim keeps the task's panic handler
         // from sending another should anything after this point panic.
@@ -843,6 +868,7 @@ impl Run {
             usage: self.usage,
             cache_usage: self.cache_usage,
             outputs: outputs.clone(),
+            report: Some(report.clone()),
         });
         AgentRunResult {
             run_id: self.id.run_id,
@@ -856,6 +882,7 @@ impl Run {
             cancel_cause,
             outputs,
             exports,
+            report,
         }
     }
 }

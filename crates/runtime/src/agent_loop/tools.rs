@@ -12,7 +12,7 @@ use std::sync::Arc;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use rein_runtime_contract::event::AgentEvent;
-use rein_runtime_contract::lifecycle::TerminationReason;
+use rein_runtime_contract::lifecycle::{IncompleteToolCall, TerminationReason, ToolCallStatus};
 use rein_runtime_contract::message::{ToolCall, ToolResult};
 use rein_runtime_contract::phase::Phase;
 use rein_runtime_contract::tool::{Tool, ToolContext};
@@ -164,6 +164,14 @@ impl Run {
                 self.started(&calls[*i]);
             }
         }
+        // Whether each started call's tool is read-only (for the record of
+        // a call stopped before it finished).
+        let mut read_only = vec![false; calls.len()];
+        // Calls stopped before they finished.
+        let mut stopped: Vec<usize> = Vec::new();
+        for (i, tool) in &ready {
+            read_only[*i] = tool.read_only();
+        }
         if let ([(i, tool)], false) = (ready.as_slice(), cut) {
             // A single call runs on the run's own task: no spawn, no
             // cross-task wake-up. Dropping it on cancellation is what an
@@ -174,7 +182,7 @@ impl Run {
                 biased;
                 _ = interrupted(&self.control) => {
                     cut = true;
-                    results[i] = Some(cancelled_result(&calls[i]));
+                    stopped.push(i);
                 }
                 result = call => results[i] = Some(result),
             }
@@ -209,12 +217,14 @@ impl Run {
                     aborts.iter().for_each(AbortHandle::abort);
                 }
                 next = running.next() => match next {
-                    Some((i, out)) => {
-                        results[i] = Some(out.unwrap_or_else(|_| cancelled_result(&calls[i])));
-                    }
+                    Some((i, Ok(result))) => results[i] = Some(result),
+                    Some((i, Err(_))) => stopped.push(i),
                     None => break,
                 },
             }
+        }
+        for i in stopped {
+            results[i] = Some(self.cut_result(&calls[i], read_only[i]));
         }
         let cancelled = cut && ending.is_none();
 
@@ -269,11 +279,26 @@ impl Run {
     }
 }
 
-fn cancelled_result(call: &ToolCall) -> ToolResult {
-    ToolResult {
-        call_id: call.id.clone(),
-        name: call.name.clone(),
-        content: "cancelled: the run was cancelled before this call finished".to_owned(),
-        is_error: true,
+impl Run {
+    /// The result of a call stopped before it finished (its future was
+    /// dropped or aborted), recorded as `interrupted` for a read-only tool
+    /// and `may_have_completed` for any other.
+    fn cut_result(&mut self, call: &ToolCall, read_only: bool) -> ToolResult {
+        let status = if read_only {
+            ToolCallStatus::Interrupted
+        } else {
+            ToolCallStatus::MayHaveCompleted
+        };
+        self.incomplete
+            .push(IncompleteToolCall::new(&call.id, &call.name, status));
+        ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            content: format!(
+                "cancelled: the run was cancelled before this call finished — {status}: {}",
+                status.explanation()
+            ),
+            is_error: true,
+        }
     }
 }

@@ -223,23 +223,12 @@ mod tests {
             "before the guardrail"
         );
     }
-    use rein_runtime_contract::message::TokenUsage;
-    use std::collections::BTreeMap;
 
     fn round(termination: TerminationReason, response: &str) -> AgentRunResult {
-        AgentRunResult {
-            run_id: "r".into(),
-            thread_id: "t".into(),
-            termination,
-            response: response.into(),
-            steps: 1,
-            usage: TokenUsage::default(),
-            usage_complete: true,
-            cache_usage: None,
-            cancel_cause: None,
-            outputs: BTreeMap::new(),
-            exports: BTreeMap::new(),
-        }
+        let mut result = AgentRunResult::new("r", "t", termination);
+        result.response = response.into();
+        result.steps = 1;
+        result
     }
 
     fn natural(response: &str) -> AgentRunResult {

@@ -228,6 +228,14 @@ fn ended_without_engine(
 ) -> (AgentRunResult, serde_json::Value, StoredEvent) {
     let mut result = AgentRunResult::new(run_id, thread_id, termination.clone());
     result.cancel_cause = cancel_cause.clone();
+    if matches!(&termination, TerminationReason::Error(m) if m == LOST_RUN) {
+        // Its open tool calls were answered as "may or may not have run".
+        result.report.resumable = false;
+        result.report.hint = Some(
+            "the process running it was lost: check whether the tool calls it left open took effect, then send a new message to the thread"
+                .to_owned(),
+        );
+    }
     let record = finished_record(run_id, thread_id, agent_id, &result);
     let event = AgentEvent::RunFinished {
         run_id: run_id.to_owned(),
@@ -239,6 +247,7 @@ fn ended_without_engine(
         usage: Default::default(),
         cache_usage: None,
         outputs: Default::default(),
+        report: Some(result.report.clone()),
     };
     let event = StoredEvent {
         seq,
@@ -1155,5 +1164,8 @@ fn result_of(entry: &RunEntry, record: Option<RunRecord>) -> AgentRunResult {
     result.usage = record.usage.unwrap_or_default();
     result.cache_usage = record.cache_usage;
     result.cancel_cause = record.cancel_cause;
+    if let Some(report) = record.report {
+        result.report = report;
+    }
     result
 }

@@ -66,6 +66,10 @@ pub struct RunRecord {
     /// Who cancelled it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cancel_cause: Option<CancelCause>,
+    /// How it ended and how to go on (limits used, tool calls that did not
+    /// complete, whether the thread can be resumed safely, a hint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<rein::contract::lifecycle::StopReport>,
 }
 
 /// One event of a run's log, ready for SSE.
@@ -167,6 +171,7 @@ impl RunEntry {
                 usage: None,
                 cache_usage: None,
                 cancel_cause: None,
+                report: None,
             },
         }
     }
@@ -477,6 +482,7 @@ impl Records {
             usage: Default::default(),
             cache_usage: None,
             outputs: Default::default(),
+            report: Some(rein::contract::lifecycle::StopReport::new(&termination)),
         };
         let logged = entry.append(&event);
         self.tail(&entry.thread_id).send(logged);
@@ -547,6 +553,7 @@ pub(super) fn finished_record(
         usage: Some(result.usage),
         cache_usage: result.cache_usage,
         cancel_cause: result.cancel_cause.clone(),
+        report: Some(result.report.clone()),
     }
 }
 
