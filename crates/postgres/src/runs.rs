@@ -427,6 +427,31 @@ impl PgRuns {
         Ok(finished > 0)
     }
 
+    /// Asks the owner of a running run to end one of its tool calls
+    /// (`NOTIFY rein_cancel` with `call:<run id> <call id>`; not polled: a
+    /// listener that is reconnecting misses it). Returns the run's status,
+    /// `None` if it does not exist; only a `running` run is notified.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn request_tool_call_cancel(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Option<String>, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT status,
+                    CASE WHEN status = 'running'
+                         THEN pg_notify('rein_cancel', 'call:' || $1 || ' ' || $2) END
+             FROM rein_runs WHERE run_id = $1",
+        )
+        .bind(run_id)
+        .bind(call_id)
+        .fetch_optional(&self.pool)
+        .await
+    }
+
     /// Asks the owner of a running run to cancel it (`NOTIFY rein_cancel`
     /// with `run:<id>`; owners also poll). Returns the run's status, `None`
     /// if it does not exist.

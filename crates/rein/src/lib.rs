@@ -239,8 +239,9 @@ pub mod engine {
 }
 
 pub use rein_runtime::{
-    AgentRunResult, AgentRuntime, AgentRuntimeBuilder, BuildError, DEFAULT_CANCEL_WAIT_TIMEOUT,
-    Mailbox, RunHandle, RunObserver, RunRequest, RunStream, RuntimeError, TerminalPrinter,
+    AgentRunResult, AgentRuntime, AgentRuntimeBuilder, BuildError, CancelToolCallError,
+    DEFAULT_CANCEL_WAIT_TIMEOUT, Mailbox, RunHandle, RunObserver, RunRequest, RunStream,
+    RuntimeError, TerminalPrinter,
 };
 pub use rein_runtime_contract::CancellationToken;
 pub use rein_runtime_contract::event::CollectingSink;

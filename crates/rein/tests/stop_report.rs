@@ -211,3 +211,60 @@ async fn calls_a_stop_leaves_unrun_are_not_started_and_the_run_stays_resumable()
         r.1.ends_with("— not_started: the call never began, so it had no effect")
     }));
 }
+
+#[tokio::test]
+async fn cancelling_one_tool_call_answers_it_as_cancelled_by_the_user_and_the_run_goes_on() {
+    let entered = Arc::new(AtomicUsize::new(0));
+    let model = ScriptedExecutor::new(vec![
+        ScriptedResponse::tool_call("send_mail", json!({"to": "x"})).with_call_id("c1"),
+        ScriptedResponse::text("I stopped sending it."),
+    ]);
+    let runtime = builder_with(model, spec())
+        .with_tool(
+            "send_mail",
+            Arc::new(Waiting {
+                name: "send_mail",
+                read_only: false,
+                entered: entered.clone(),
+            }),
+        )
+        .build()
+        .unwrap();
+    let handle = runtime.mailbox().submit(user("t", "go")).await.unwrap();
+    let run_id = handle.run_id().to_owned();
+    match runtime.cancel_tool_call("no-such-run", "c1") {
+        Err(e @ rein::CancelToolCallError::UnknownRun { .. }) => {
+            assert_eq!(e.code(), "unknown_run");
+        }
+        other => panic!("{other:?}"),
+    }
+    while entered.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    match runtime.cancel_tool_call(&run_id, "c2") {
+        Err(e @ rein::CancelToolCallError::NotRunning { .. }) => {
+            assert!(e.to_string().contains("running now: c1"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    runtime.cancel_tool_call(&run_id, "c1").unwrap();
+    let result = handle.wait().await.unwrap();
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    assert_eq!(result.response, "I stopped sending it.");
+    assert_eq!(
+        result.report.tool_calls,
+        [IncompleteToolCall::new(
+            "c1",
+            "send_mail",
+            ToolCallStatus::MayHaveCompleted
+        )]
+    );
+    assert!(!result.report.resumable);
+    let history = runtime.thread_messages("t").await;
+    assert_history_valid(&history);
+    let results = tool_results(&history);
+    assert!(
+        results[0].1.starts_with("cancelled by the user: this call was stopped before it finished; the run goes on — may_have_completed"),
+        "{results:?}"
+    );
+}

@@ -42,6 +42,17 @@ pub(crate) struct RunControl {
     /// Set when the run's `RunFinished` is emitted, so that no path can
     /// emit a second one.
     finished: AtomicBool,
+    /// The tool calls running now, by call id: cancelling one ends that
+    /// call alone.
+    calls: std::sync::Mutex<std::collections::HashMap<String, CallCancel>>,
+}
+
+/// How to cancel one running tool call: `user` ends its future (the run
+/// records the user's cancel), `tool` is the token the tool itself sees.
+#[derive(Debug, Clone)]
+pub(crate) struct CallCancel {
+    pub(crate) user: CancellationToken,
+    pub(crate) tool: CancellationToken,
 }
 
 impl RunControl {
@@ -53,6 +64,41 @@ impl RunControl {
             cause: OnceLock::new(),
             released: CancellationToken::new(),
             finished: AtomicBool::new(false),
+            calls: std::sync::Mutex::default(),
+        }
+    }
+
+    fn calls(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, CallCancel>> {
+        self.calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Registers a running tool call.
+    pub(crate) fn call_started(&self, call_id: &str, cancel: CallCancel) {
+        self.calls().insert(call_id.to_owned(), cancel);
+    }
+
+    /// Forgets a tool call that ended.
+    pub(crate) fn call_ended(&self, call_id: &str) {
+        self.calls().remove(call_id);
+    }
+
+    /// Cancels the running call `call_id`; `Err` lists the running calls
+    /// when it is not one of them.
+    pub(crate) fn cancel_call(&self, call_id: &str) -> Result<(), Vec<String>> {
+        let calls = self.calls();
+        match calls.get(call_id) {
+            Some(cancel) => {
+                cancel.user.cancel();
+                cancel.tool.cancel();
+                Ok(())
+            }
+            None => {
+                let mut running: Vec<String> = calls.keys().cloned().collect();
+                running.sort();
+                Err(running)
+            }
         }
     }
 

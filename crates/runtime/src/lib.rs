@@ -50,5 +50,5 @@ pub use extensions::RunObserver;
 pub use mailbox::{Mailbox, RunHandle};
 pub use printer::TerminalPrinter;
 pub use run::{AgentRunResult, RunRequest};
-pub use runtime::{AgentRuntime, RuntimeError};
+pub use runtime::{AgentRuntime, CancelToolCallError, RuntimeError};
 pub use stream::RunStream;

@@ -31,6 +31,43 @@ use crate::stream::RunStream;
 use crate::telemetry;
 use crate::thread_store::ThreadStore;
 
+/// Why [`AgentRuntime::cancel_tool_call`] found nothing to cancel.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CancelToolCallError {
+    /// No run with this id is active (it finished, or never existed).
+    #[error(
+        "no active run \"{run_id}\"; a tool call can be cancelled only while its run is active"
+    )]
+    UnknownRun {
+        /// The run id asked for.
+        run_id: String,
+    },
+    /// The run has no running call with this id.
+    #[error(
+        "run \"{run_id}\" has no running tool call \"{call_id}\" (it finished or never started); running now: {}",
+        if running.is_empty() { "none".to_owned() } else { running.join(", ") }
+    )]
+    NotRunning {
+        /// The run.
+        run_id: String,
+        /// The call id asked for.
+        call_id: String,
+        /// The calls running now.
+        running: Vec<String>,
+    },
+}
+
+impl CancelToolCallError {
+    /// A stable code for the error (`unknown_run`, `tool_call_not_running`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::UnknownRun { .. } => "unknown_run",
+            Self::NotRunning { .. } => "tool_call_not_running",
+        }
+    }
+}
+
 /// Why a run could not be started or awaited.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -675,6 +712,35 @@ impl AgentRuntime {
             }
             None => false,
         }
+    }
+
+    /// Ends one running tool call of run `run_id`: its future is dropped
+    /// (the tool's token is cancelled first, for a tool that watches it),
+    /// the model gets a result saying the user cancelled it, and the run
+    /// goes on. The call is recorded in the run's stop report as
+    /// `interrupted` (a read-only tool) or `may_have_completed`.
+    ///
+    /// # Errors
+    ///
+    /// [`CancelToolCallError::UnknownRun`] when no run `run_id` is active;
+    /// [`CancelToolCallError::NotRunning`] when the run has no running
+    /// call `call_id` (it finished, never started, or belongs to another
+    /// run), listing the calls that are running.
+    pub fn cancel_tool_call(&self, run_id: &str, call_id: &str) -> Result<(), CancelToolCallError> {
+        let control =
+            self.inner
+                .registry
+                .by_run(run_id)
+                .ok_or_else(|| CancelToolCallError::UnknownRun {
+                    run_id: run_id.to_owned(),
+                })?;
+        control
+            .cancel_call(call_id)
+            .map_err(|running| CancelToolCallError::NotRunning {
+                run_id: run_id.to_owned(),
+                call_id: call_id.to_owned(),
+                running,
+            })
     }
 
     /// Cancels the thread's active run and waits until it has released the

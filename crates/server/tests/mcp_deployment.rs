@@ -207,3 +207,165 @@ fn the_mcp_example_runs_offline() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn cancelling_one_mcp_tool_call_over_http_ends_that_call_and_the_run_goes_on() {
+    let Some(entry) = everything() else { return };
+    let yaml = format!(
+        r#"
+providers:
+  offline:
+    kind: scripted
+    responses:
+      - {{ tool_calls: [ {{ name: everything__trigger-long-running-operation, arguments: {{ duration: 60, steps: 60 }} }} ] }}
+      - "Stopped it."
+models:
+  demo: {{ provider: offline, model: script }}
+mcp_servers:
+  everything: {{ command: node, args: ["{entry}", "stdio"] }}
+agents:
+  - {{ id: assistant, model_id: demo, tools: [everything__trigger-long-running-operation] }}
+"#
+    );
+    let server = Server::start(&yaml).await;
+    let (status, accepted) = server
+        .post(
+            "/v1/threads/t/runs",
+            json!({"messages": [{"role": "user", "content": "run the long operation"}]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{accepted}");
+    let run_id = accepted["run_id"].as_str().unwrap().to_owned();
+    let cancel = format!("/v1/runs/{run_id}/tool_calls/call_1/cancel");
+    // Until the call has started, the route says which calls are running.
+    let started = std::time::Instant::now();
+    loop {
+        let (status, body) = server.post(&cancel, json!({})).await;
+        if status == 200 {
+            assert_eq!(
+                body,
+                json!({"cancelled": true, "run_id": run_id, "call_id": "call_1"})
+            );
+            break;
+        }
+        assert_eq!(status, 409, "{body}");
+        assert_eq!(body["error"]["code"], "tool_call_not_running", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("running now: none"),
+            "{body}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "the call never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let record = server.finished(&run_id).await;
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    assert_eq!(record["response"], "Stopped it.");
+    assert_eq!(
+        record["report"]["tool_calls"],
+        json!([{"call_id": "call_1", "name": "everything__trigger-long-running-operation", "status": "interrupted"}]),
+        "the server marks the tool read-only"
+    );
+    assert_eq!(record["report"]["resumable"], true);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "the 60 s operation was cut short"
+    );
+    let (_, history) = server.get("/v1/threads/t/messages").await;
+    assert!(
+        history.to_string().contains("cancelled by the user: this call was stopped before it finished; the run goes on — interrupted"),
+        "{history}"
+    );
+    // Afterwards: the run is finished; an unknown run is 404.
+    let (status, body) = server.post(&cancel, json!({})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("tool_call_not_running")),
+        "{body}"
+    );
+    let (status, body) = server
+        .post("/v1/runs/nope/tool_calls/c/cancel", json!({}))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("unknown_run")),
+        "{body}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_cancel_sent_to_another_process_reaches_the_run() {
+    let Some(entry) = everything() else { return };
+    if std::env::var("REIN_DATABASE_URL").map_or(true, |u| u.is_empty()) {
+        let _ = std::io::stderr().write_all(b"cross-process tool-call cancel skipped: REIN_DATABASE_URL is not set\n");
+        return;
+    }
+    let yaml = format!(
+        r#"
+providers:
+  offline:
+    kind: scripted
+    responses:
+      - {{ tool_calls: [ {{ name: everything__trigger-long-running-operation, arguments: {{ duration: 60, steps: 60 }} }} ] }}
+      - "Stopped it."
+models:
+  demo: {{ provider: offline, model: script }}
+mcp_servers:
+  everything: {{ command: node, args: ["{entry}", "stdio"] }}
+agents:
+  - {{ id: assistant, model_id: demo, tools: [everything__trigger-long-running-operation] }}
+store: {{ postgres: {{ url_env: REIN_DATABASE_URL }} }}
+"#
+    );
+    let a = Server::start(&yaml).await;
+    let b = Server::start(&yaml).await;
+    let thread = format!(
+        "tool-cancel-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let (status, accepted) = a
+        .post(
+            &format!("/v1/threads/{thread}/runs"),
+            json!({"messages": [{"role": "user", "content": "run the long operation"}]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{accepted}");
+    let run_id = accepted["run_id"].as_str().unwrap().to_owned();
+    // Wait until the call runs on a: a's route, asked for a call that does
+    // not exist, names the running ones.
+    let started = std::time::Instant::now();
+    loop {
+        let (_, body) = a
+            .post(&format!("/v1/runs/{run_id}/tool_calls/none/cancel"), json!({}))
+            .await;
+        if body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("running now: call_1"))
+        {
+            break;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "{body}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (status, body) = b
+        .post(&format!("/v1/runs/{run_id}/tool_calls/call_1/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["requested"], true);
+    let record = b.finished(&run_id).await;
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    assert_eq!(record["report"]["tool_calls"][0]["status"], "interrupted", "{record}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    a.stop().await;
+    b.stop().await;
+}

@@ -8,6 +8,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
@@ -20,10 +21,11 @@ use tokio::task::{AbortHandle, JoinHandle};
 use tracing::Instrument;
 
 use super::{Focus, Run, interrupted};
-use crate::active_runs::CURRENT_RUN;
+use crate::active_runs::{CURRENT_RUN, CallCancel};
 use crate::detectors::{CallRecord, Verdict};
 use crate::phase::panic_message;
 use crate::telemetry;
+use rein_runtime_contract::CancellationToken;
 
 impl Run {
     fn started(&self, call: &ToolCall) {
@@ -36,27 +38,55 @@ impl Run {
         });
     }
 
-    /// The future that runs one call: a panic becomes an error result.
+    /// The future that runs one call: a panic becomes an error result. The
+    /// call is registered with the run so that
+    /// [`cancel_tool_call`](crate::AgentRuntime::cancel_tool_call) can end it
+    /// alone; `cut` is set when that happened.
     fn tool_future(
         &self,
         tool: Arc<dyn Tool>,
         call: &ToolCall,
+        cut: Arc<AtomicBool>,
     ) -> impl Future<Output = ToolResult> + Send + 'static + use<> {
+        let cancel = CallCancel {
+            user: CancellationToken::new(),
+            tool: self.control.token.child_token(),
+        };
+        self.control.call_started(&call.id, cancel.clone());
         let ctx = ToolContext::new(
             self.id.thread_id.clone(),
             self.id.run_id.clone(),
             call.id.clone(),
-            self.control.token.child_token(),
+            cancel.tool,
         );
+        let read_only = tool.read_only();
         let args = call.arguments.clone();
         let (call_id, name) = (call.id.clone(), call.name.clone());
         let trace_content = self.trace_content;
         let span = telemetry::tool_span(&name, &call_id, &args, trace_content);
         let span_in = span.clone();
+        let user = cancel.user;
         async move {
-            let outcome = AssertUnwindSafe(tool.execute(args, &ctx))
-                .catch_unwind()
-                .await;
+            let outcome = tokio::select! {
+                biased;
+                () = user.cancelled() => None,
+                outcome = AssertUnwindSafe(tool.execute(args, &ctx)).catch_unwind() => Some(outcome),
+            };
+            let Some(outcome) = outcome else {
+                cut.store(true, Ordering::Release);
+                let status = status_of(read_only);
+                let content = format!(
+                    "cancelled by the user: this call was stopped before it finished; the run goes on — {status}: {}",
+                    status.explanation()
+                );
+                telemetry::record_tool_outcome(&span_in, Some("cancelled"), &content, trace_content);
+                return ToolResult {
+                    call_id,
+                    name,
+                    content,
+                    is_error: true,
+                };
+            };
             let (content, error_type) = match outcome {
                 Ok(Ok(output)) => (output.to_content(), None),
                 Ok(Err(error)) => (format!("error: {error}"), Some("tool_error")),
@@ -169,6 +199,8 @@ impl Run {
         let mut read_only = vec![false; calls.len()];
         // Calls stopped before they finished.
         let mut stopped: Vec<usize> = Vec::new();
+        // Set for a call the user cancelled alone (`cancel_tool_call`).
+        let user_cut: Vec<Arc<AtomicBool>> = calls.iter().map(|_| Arc::default()).collect();
         for (i, tool) in &ready {
             read_only[*i] = tool.read_only();
         }
@@ -177,7 +209,7 @@ impl Run {
             // cross-task wake-up. Dropping it on cancellation is what an
             // abort would do to a spawned task.
             let i = *i;
-            let call = self.tool_future(tool.clone(), &calls[i]);
+            let call = self.tool_future(tool.clone(), &calls[i], user_cut[i].clone());
             tokio::select! {
                 biased;
                 _ = interrupted(&self.control) => {
@@ -199,7 +231,7 @@ impl Run {
             ready
                 .into_iter()
                 .map(|(i, tool)| {
-                    let call = self.tool_future(tool, &calls[i]);
+                    let call = self.tool_future(tool, &calls[i], user_cut[i].clone());
                     (i, tokio::spawn(CURRENT_RUN.scope(run_id.clone(), call)))
                 })
                 .collect()
@@ -225,6 +257,16 @@ impl Run {
         }
         for i in stopped {
             results[i] = Some(self.cut_result(&calls[i], read_only[i]));
+        }
+        for (i, call) in calls.iter().enumerate() {
+            self.control.call_ended(&call.id);
+            if user_cut[i].load(Ordering::Acquire) {
+                self.incomplete.push(IncompleteToolCall::new(
+                    &call.id,
+                    &call.name,
+                    status_of(read_only[i]),
+                ));
+            }
         }
         let cancelled = cut && ending.is_none();
 
@@ -279,16 +321,22 @@ impl Run {
     }
 }
 
+/// How a call stopped before it finished is recorded: `interrupted` for a
+/// read-only tool, `may_have_completed` for any other.
+fn status_of(read_only: bool) -> ToolCallStatus {
+    if read_only {
+        ToolCallStatus::Interrupted
+    } else {
+        ToolCallStatus::MayHaveCompleted
+    }
+}
+
 impl Run {
     /// The result of a call stopped before it finished (its future was
     /// dropped or aborted), recorded as `interrupted` for a read-only tool
     /// and `may_have_completed` for any other.
     fn cut_result(&mut self, call: &ToolCall, read_only: bool) -> ToolResult {
-        let status = if read_only {
-            ToolCallStatus::Interrupted
-        } else {
-            ToolCallStatus::MayHaveCompleted
-        };
+        let status = status_of(read_only);
         self.incomplete
             .push(IncompleteToolCall::new(&call.id, &call.name, status));
         ToolResult {

@@ -34,6 +34,10 @@ pub fn router(service: Service) -> Router {
         .route("/v1/threads/{thread_id}/events", get(sse::thread_events))
         .route("/v1/threads/{thread_id}/cancel", post(cancel_thread))
         .route("/v1/runs/{run_id}/cancel", post(cancel_run))
+        .route(
+            "/v1/runs/{run_id}/tool_calls/{call_id}/cancel",
+            post(cancel_tool_call),
+        )
         .route("/v1/threads/{thread_id}/messages", get(messages))
         .route("/v1/threads/{thread_id}", delete(delete_thread))
         .route("/v1/ag-ui/{agent_id}", post(agui::run))
@@ -251,6 +255,25 @@ async fn cancel_run(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let cancelled = service.cancel_run(&run_id).await?;
     Ok(Json(serde_json::json!({"cancelled": cancelled})))
+}
+
+async fn cancel_tool_call(
+    State(service): State<Service>,
+    Path((run_id, call_id)): Path<(String, String)>,
+) -> Result<(axum::http::StatusCode, Json<serde_json::Value>), ApiError> {
+    let here = service.cancel_tool_call(&run_id, &call_id).await?;
+    let (status, body) = if here {
+        (
+            axum::http::StatusCode::OK,
+            serde_json::json!({"cancelled": true, "run_id": run_id, "call_id": call_id}),
+        )
+    } else {
+        (
+            axum::http::StatusCode::ACCEPTED,
+            serde_json::json!({"cancelled": false, "requested": true, "run_id": run_id, "call_id": call_id}),
+        )
+    };
+    Ok((status, Json(body)))
 }
 
 async fn messages(

@@ -179,6 +179,35 @@ impl Cluster {
         )
     }
 
+    /// Asks the process running run `run_id` to end its call `call_id`:
+    /// `Ok(false)` once asked (the run is running elsewhere).
+    pub(super) async fn cancel_tool_call(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<bool, ApiError> {
+        let status = self
+            .runs
+            .request_tool_call_cancel(run_id, call_id)
+            .await
+            .map_err(|e| unavailable(&e))?;
+        match status.as_deref() {
+            Some("running") => Ok(false),
+            Some(status) => Err(ApiError::new(
+                409,
+                "tool_call_not_running",
+                format!(
+                    "run \"{run_id}\" is {status}, not running; a tool call can be cancelled only while its run runs"
+                ),
+            )),
+            None => Err(ApiError::new(
+                404,
+                "unknown_run",
+                format!("no run \"{run_id}\""),
+            )),
+        }
+    }
+
     fn pump(&self, thread_id: &str) -> Option<Arc<Pump>> {
         self.pumps
             .lock()
@@ -1042,6 +1071,14 @@ impl Service {
                 }
             }
             "rein_cancel" => {
+                if let Some((run_id, call_id)) = payload
+                    .strip_prefix("call:")
+                    .and_then(|rest| rest.split_once(' '))
+                {
+                    // Not running here (or already ended): nothing to do.
+                    let _ = self.inner.runtime.cancel_tool_call(run_id, call_id);
+                    return;
+                }
                 if let Some(run_id) = payload.strip_prefix("run:")
                     && let Some(entry) = self.inner.records.get(run_id)
                     && entry.driven_here()

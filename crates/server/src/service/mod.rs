@@ -665,6 +665,33 @@ impl Service {
         Ok(true)
     }
 
+    /// Ends one running tool call of run `run_id`; the run goes on.
+    /// Returns `true` when the call was ended here, `false` when the run
+    /// runs in another process and was asked to (distributed mode).
+    ///
+    /// # Errors
+    ///
+    /// 404 `unknown_run`; 409 `tool_call_not_running` when the run is not
+    /// running or has no running call `call_id` (naming the running ones).
+    pub async fn cancel_tool_call(&self, run_id: &str, call_id: &str) -> Result<bool, ApiError> {
+        let not_running = |message: String| ApiError::new(409, "tool_call_not_running", message);
+        match self.inner.runtime.cancel_tool_call(run_id, call_id) {
+            Ok(()) => return Ok(true),
+            Err(e @ rein::CancelToolCallError::NotRunning { .. }) => {
+                return Err(not_running(e.to_string()));
+            }
+            Err(_) => {}
+        }
+        if let Some(cluster) = &self.inner.cluster {
+            return cluster.cancel_tool_call(run_id, call_id).await;
+        }
+        let entry = self.run(run_id).await?;
+        Err(not_running(format!(
+            "run \"{run_id}\" is {}, not running; a tool call can be cancelled only while its run runs",
+            entry.status().as_str()
+        )))
+    }
+
     /// Cancels the thread's active run and waits, bounded, for it to
     /// release the thread: `(cancelled, released)`.
     ///

@@ -37,6 +37,17 @@ pub enum RunStatus {
     Finished,
 }
 
+impl RunStatus {
+    /// The status as in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Finished => "finished",
+        }
+    }
+}
+
 /// The run record's JSON (`GET /v1/runs/{run_id}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
