@@ -127,10 +127,10 @@ async fn a_natural_end_is_resumable_and_needs_no_hint() {
 #[tokio::test]
 async fn a_cancel_records_read_only_calls_as_interrupted_and_others_as_may_have_completed() {
     let entered = Arc::new(AtomicUsize::new(0));
-    let model = ScriptedExecutor::new(vec![
-        ScriptedResponse::tool_calls(vec![("lookup", json!({})), ("send_mail", json!({}))])
-            .with_call_id("c"),
-    ]);
+    let model = ScriptedExecutor::new(vec![ScriptedResponse::tool_calls(vec![
+        ("lookup", json!({})),
+        ("send_mail", json!({})),
+    ])]);
     let runtime = builder_with(model, spec())
         .with_tool(
             "lookup",

@@ -42,17 +42,9 @@ pub(crate) struct RunControl {
     /// Set when the run's `RunFinished` is emitted, so that no path can
     /// emit a second one.
     finished: AtomicBool,
-    /// The tool calls running now, by call id: cancelling one ends that
-    /// call alone.
-    calls: std::sync::Mutex<std::collections::HashMap<String, CallCancel>>,
-}
-
-/// How to cancel one running tool call: `user` ends its future (the run
-/// records the user's cancel), `tool` is the token the tool itself sees.
-#[derive(Debug, Clone)]
-pub(crate) struct CallCancel {
-    pub(crate) user: CancellationToken,
-    pub(crate) tool: CancellationToken,
+    /// The tool calls running now, with each call's token (a child of the
+    /// run's): cancelling one ends that call alone.
+    calls: std::sync::Mutex<Vec<(String, CancellationToken)>>,
 }
 
 impl RunControl {
@@ -68,38 +60,38 @@ impl RunControl {
         }
     }
 
-    fn calls(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, CallCancel>> {
+    fn calls(&self) -> std::sync::MutexGuard<'_, Vec<(String, CancellationToken)>> {
         self.calls
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Registers a running tool call.
-    pub(crate) fn call_started(&self, call_id: &str, cancel: CallCancel) {
-        self.calls().insert(call_id.to_owned(), cancel);
+    /// Registers a running tool call and its token.
+    pub(crate) fn call_started(&self, call_id: &str, token: CancellationToken) {
+        self.calls().push((call_id.to_owned(), token));
     }
 
-    /// Forgets a tool call that ended.
-    pub(crate) fn call_ended(&self, call_id: &str) {
-        self.calls().remove(call_id);
+    /// Forgets the round's calls: they all ended.
+    pub(crate) fn calls_ended(&self) {
+        self.calls().clear();
     }
 
-    /// Cancels the running call `call_id`; `Err` lists the running calls
-    /// when it is not one of them.
+    /// Cancels the running call `call_id` (every call with that id); `Err`
+    /// lists the running calls when it is not one of them.
     pub(crate) fn cancel_call(&self, call_id: &str) -> Result<(), Vec<String>> {
         let calls = self.calls();
-        match calls.get(call_id) {
-            Some(cancel) => {
-                cancel.user.cancel();
-                cancel.tool.cancel();
-                Ok(())
-            }
-            None => {
-                let mut running: Vec<String> = calls.keys().cloned().collect();
-                running.sort();
-                Err(running)
-            }
+        let mut found = false;
+        for (_, token) in calls.iter().filter(|(id, _)| id == call_id) {
+            token.cancel();
+            found = true;
         }
+        if found {
+            return Ok(());
+        }
+        let mut running: Vec<String> = calls.iter().map(|(id, _)| id.clone()).collect();
+        running.sort();
+        running.dedup();
+        Err(running)
     }
 
     /// Claims the run's one `RunFinished`: `true` the first time only.

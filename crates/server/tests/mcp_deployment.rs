@@ -303,7 +303,8 @@ agents:
 async fn a_tool_call_cancel_sent_to_another_process_reaches_the_run() {
     let Some(entry) = everything() else { return };
     if std::env::var("REIN_DATABASE_URL").map_or(true, |u| u.is_empty()) {
-        let _ = std::io::stderr().write_all(b"cross-process tool-call cancel skipped: REIN_DATABASE_URL is not set\n");
+        let _ = std::io::stderr()
+            .write_all(b"cross-process tool-call cancel skipped: REIN_DATABASE_URL is not set\n");
         return;
     }
     let yaml = format!(
@@ -346,7 +347,10 @@ store: {{ postgres: {{ url_env: REIN_DATABASE_URL }} }}
     let started = std::time::Instant::now();
     loop {
         let (_, body) = a
-            .post(&format!("/v1/runs/{run_id}/tool_calls/none/cancel"), json!({}))
+            .post(
+                &format!("/v1/runs/{run_id}/tool_calls/none/cancel"),
+                json!({}),
+            )
             .await;
         if body["error"]["message"]
             .as_str()
@@ -354,17 +358,26 @@ store: {{ postgres: {{ url_env: REIN_DATABASE_URL }} }}
         {
             break;
         }
-        assert!(started.elapsed() < std::time::Duration::from_secs(20), "{body}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{body}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let (status, body) = b
-        .post(&format!("/v1/runs/{run_id}/tool_calls/call_1/cancel"), json!({}))
+        .post(
+            &format!("/v1/runs/{run_id}/tool_calls/call_1/cancel"),
+            json!({}),
+        )
         .await;
     assert_eq!(status, 202, "{body}");
     assert_eq!(body["requested"], true);
     let record = b.finished(&run_id).await;
     assert_eq!(record["termination"]["type"], "natural_end", "{record}");
-    assert_eq!(record["report"]["tool_calls"][0]["status"], "interrupted", "{record}");
+    assert_eq!(
+        record["report"]["tool_calls"][0]["status"], "interrupted",
+        "{record}"
+    );
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
     a.stop().await;
     b.stop().await;

@@ -8,7 +8,6 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
@@ -21,11 +20,10 @@ use tokio::task::{AbortHandle, JoinHandle};
 use tracing::Instrument;
 
 use super::{Focus, Run, interrupted};
-use crate::active_runs::{CURRENT_RUN, CallCancel};
+use crate::active_runs::CURRENT_RUN;
 use crate::detectors::{CallRecord, Verdict};
 use crate::phase::panic_message;
 use crate::telemetry;
-use rein_runtime_contract::CancellationToken;
 
 impl Run {
     fn started(&self, call: &ToolCall) {
@@ -39,53 +37,54 @@ impl Run {
     }
 
     /// The future that runs one call: a panic becomes an error result. The
-    /// call is registered with the run so that
-    /// [`cancel_tool_call`](crate::AgentRuntime::cancel_tool_call) can end it
-    /// alone; `cut` is set when that happened.
+    /// call is registered with the run (its token, a child of the run's) so
+    /// that [`cancel_tool_call`](crate::AgentRuntime::cancel_tool_call) can
+    /// end it alone. A call stopped through its token returns its status
+    /// with its result.
     fn tool_future(
         &self,
         tool: Arc<dyn Tool>,
         call: &ToolCall,
-        cut: Arc<AtomicBool>,
-    ) -> impl Future<Output = ToolResult> + Send + 'static + use<> {
-        let cancel = CallCancel {
-            user: CancellationToken::new(),
-            tool: self.control.token.child_token(),
-        };
-        self.control.call_started(&call.id, cancel.clone());
+    ) -> impl Future<Output = (ToolResult, Option<ToolCallStatus>)> + Send + 'static + use<> {
+        let token = self.control.token.child_token();
+        self.control.call_started(&call.id, token.clone());
+        let run = self.control.token.clone();
         let ctx = ToolContext::new(
             self.id.thread_id.clone(),
             self.id.run_id.clone(),
             call.id.clone(),
-            cancel.tool,
+            token.clone(),
         );
-        let read_only = tool.read_only();
         let args = call.arguments.clone();
         let (call_id, name) = (call.id.clone(), call.name.clone());
         let trace_content = self.trace_content;
         let span = telemetry::tool_span(&name, &call_id, &args, trace_content);
         let span_in = span.clone();
-        let user = cancel.user;
         async move {
             let outcome = tokio::select! {
                 biased;
-                () = user.cancelled() => None,
+                () = token.cancelled() => None,
                 outcome = AssertUnwindSafe(tool.execute(args, &ctx)).catch_unwind() => Some(outcome),
             };
             let Some(outcome) = outcome else {
-                cut.store(true, Ordering::Release);
-                let status = status_of(read_only);
-                let content = format!(
-                    "cancelled by the user: this call was stopped before it finished; the run goes on — {status}: {}",
-                    status.explanation()
-                );
+                // The call alone (`cancel_tool_call`), or the whole run.
+                let status = status_of(tool.read_only());
+                let content = if run.is_cancelled() {
+                    cut_text(status)
+                } else {
+                    format!(
+                        "cancelled by the user: this call was stopped before it finished; the run goes on — {status}: {}",
+                        status.explanation()
+                    )
+                };
                 telemetry::record_tool_outcome(&span_in, Some("cancelled"), &content, trace_content);
-                return ToolResult {
+                let result = ToolResult {
                     call_id,
                     name,
                     content,
                     is_error: true,
                 };
+                return (result, Some(status));
             };
             let (content, error_type) = match outcome {
                 Ok(Ok(output)) => (output.to_content(), None),
@@ -100,12 +99,13 @@ impl Run {
             };
             telemetry::record_tool_outcome(&span_in, error_type, &content, trace_content);
             let is_error = error_type.is_some();
-            ToolResult {
+            let result = ToolResult {
                 call_id,
                 name,
                 content,
                 is_error,
-            }
+            };
+            (result, None)
         }
         .instrument(span)
     }
@@ -136,8 +136,9 @@ impl Run {
     /// dropped (aborted and awaited) before this returns.
     pub(super) async fn run_tools(&mut self, calls: &[ToolCall]) -> Result<(), TerminationReason> {
         let mut results: Vec<Option<ToolResult>> = vec![None; calls.len()];
-        // Calls a detector denied: recorded, never observed as run.
-        let mut denied = vec![false; calls.len()];
+        // Calls a detector denied: recorded, never observed as run (empty
+        // unless a detector denies calls).
+        let mut denied: Vec<bool> = Vec::new();
         let mut ready: Vec<(usize, Arc<dyn Tool>)> = Vec::with_capacity(calls.len());
         let mut ending: Option<TerminationReason> = None;
         for (i, call) in calls.iter().enumerate() {
@@ -166,6 +167,7 @@ impl Run {
                             content: crate::detectors::denied_result(&reason),
                             is_error: true,
                         });
+                        denied.resize(calls.len(), false);
                         denied[i] = true;
                         self.apply_verdict(Verdict::Deny(reason));
                         continue;
@@ -194,29 +196,25 @@ impl Run {
                 self.started(&calls[*i]);
             }
         }
-        // Whether each started call's tool is read-only (for the record of
-        // a call stopped before it finished).
-        let mut read_only = vec![false; calls.len()];
-        // Calls stopped before they finished.
+        // Calls whose futures were dropped before they finished.
         let mut stopped: Vec<usize> = Vec::new();
-        // Set for a call the user cancelled alone (`cancel_tool_call`).
-        let user_cut: Vec<Arc<AtomicBool>> = calls.iter().map(|_| Arc::default()).collect();
-        for (i, tool) in &ready {
-            read_only[*i] = tool.read_only();
-        }
+        let first_incomplete = self.incomplete.len();
         if let ([(i, tool)], false) = (ready.as_slice(), cut) {
             // A single call runs on the run's own task: no spawn, no
             // cross-task wake-up. Dropping it on cancellation is what an
             // abort would do to a spawned task.
             let i = *i;
-            let call = self.tool_future(tool.clone(), &calls[i], user_cut[i].clone());
+            let call = self.tool_future(tool.clone(), &calls[i]);
             tokio::select! {
                 biased;
                 _ = interrupted(&self.control) => {
                     cut = true;
                     stopped.push(i);
                 }
-                result = call => results[i] = Some(result),
+                (result, status) = call => {
+                    self.record_stopped(&result, status);
+                    results[i] = Some(result);
+                }
             }
             ready.clear();
         }
@@ -224,14 +222,14 @@ impl Run {
         // Spawn the calls; wait for all; on cancellation (or a failed hook)
         // abort the rest and keep draining, so that each future has
         // completed or been dropped before the results are recorded.
-        let pending: Vec<(usize, JoinHandle<ToolResult>)> = if cut {
+        let pending: Vec<(usize, JoinHandle<(ToolResult, Option<ToolCallStatus>)>)> = if cut {
             Vec::new()
         } else {
             let run_id = self.control.run_id.clone();
             ready
                 .into_iter()
                 .map(|(i, tool)| {
-                    let call = self.tool_future(tool, &calls[i], user_cut[i].clone());
+                    let call = self.tool_future(tool, &calls[i]);
                     (i, tokio::spawn(CURRENT_RUN.scope(run_id.clone(), call)))
                 })
                 .collect()
@@ -249,24 +247,24 @@ impl Run {
                     aborts.iter().for_each(AbortHandle::abort);
                 }
                 next = running.next() => match next {
-                    Some((i, Ok(result))) => results[i] = Some(result),
+                    Some((i, Ok((result, status)))) => {
+                        self.record_stopped(&result, status);
+                        results[i] = Some(result);
+                    }
                     Some((i, Err(_))) => stopped.push(i),
                     None => break,
                 },
             }
         }
+        self.control.calls_ended();
         for i in stopped {
-            results[i] = Some(self.cut_result(&calls[i], read_only[i]));
+            results[i] = Some(self.cut_result(&calls[i]));
         }
-        for (i, call) in calls.iter().enumerate() {
-            self.control.call_ended(&call.id);
-            if user_cut[i].load(Ordering::Acquire) {
-                self.incomplete.push(IncompleteToolCall::new(
-                    &call.id,
-                    &call.name,
-                    status_of(read_only[i]),
-                ));
-            }
+        // The round's incomplete calls, in call order (they were recorded
+        // as they ended).
+        if self.incomplete.len() > first_incomplete {
+            let at = |id: &str| calls.iter().position(|c| c.id == id);
+            self.incomplete[first_incomplete..].sort_by_key(|c| at(&c.call_id));
         }
         let cancelled = cut && ending.is_none();
 
@@ -274,8 +272,9 @@ impl Run {
         let watch = self.detectors.watches_tool_calls();
         let errors = self.detectors.watches_progress();
         let mut records: Vec<CallRecord> = Vec::new();
-        for ((call, result), denied) in calls.iter().zip(results).zip(denied) {
+        for (i, (call, result)) in calls.iter().zip(results).enumerate() {
             let Some(result) = result else { continue };
+            let denied = denied.get(i).copied().unwrap_or(false);
             if run_after_hooks && ending.is_none() {
                 let focus = Focus {
                     tool_call: Some(call),
@@ -331,22 +330,43 @@ fn status_of(read_only: bool) -> ToolCallStatus {
     }
 }
 
+/// The result text of a call the run's cancel stopped.
+fn cut_text(status: ToolCallStatus) -> String {
+    format!(
+        "cancelled: the run was cancelled before this call finished — {status}: {}",
+        status.explanation()
+    )
+}
+
 impl Run {
     /// The result of a call stopped before it finished (its future was
     /// dropped or aborted), recorded as `interrupted` for a read-only tool
     /// and `may_have_completed` for any other.
-    fn cut_result(&mut self, call: &ToolCall, read_only: bool) -> ToolResult {
+    fn cut_result(&mut self, call: &ToolCall) -> ToolResult {
+        let read_only = self
+            .agent
+            .tools
+            .get(&call.name)
+            .is_some_and(|t| t.read_only());
         let status = status_of(read_only);
         self.incomplete
             .push(IncompleteToolCall::new(&call.id, &call.name, status));
         ToolResult {
             call_id: call.id.clone(),
             name: call.name.clone(),
-            content: format!(
-                "cancelled: the run was cancelled before this call finished — {status}: {}",
-                status.explanation()
-            ),
+            content: cut_text(status),
             is_error: true,
+        }
+    }
+
+    /// Records a call its token stopped (`status` is `Some` then).
+    fn record_stopped(&mut self, result: &ToolResult, status: Option<ToolCallStatus>) {
+        if let Some(status) = status {
+            self.incomplete.push(IncompleteToolCall::new(
+                &result.call_id,
+                &result.name,
+                status,
+            ));
         }
     }
 }
