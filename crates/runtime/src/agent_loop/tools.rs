@@ -45,7 +45,7 @@ impl Run {
         &self,
         tool: Arc<dyn Tool>,
         call: &ToolCall,
-    ) -> impl Future<Output = (ToolResult, Option<ToolCallStatus>)> + Send + 'static + use<> {
+    ) -> impl Future<Output = CallOutcome> + Send + 'static + use<> {
         let token = self.control.token.child_token();
         self.control.call_started(&call.id, token.clone());
         let run = self.control.token.clone();
@@ -222,7 +222,7 @@ impl Run {
         // Spawn the calls; wait for all; on cancellation (or a failed hook)
         // abort the rest and keep draining, so that each future has
         // completed or been dropped before the results are recorded.
-        let pending: Vec<(usize, JoinHandle<(ToolResult, Option<ToolCallStatus>)>)> = if cut {
+        let pending: Vec<(usize, JoinHandle<CallOutcome>)> = if cut {
             Vec::new()
         } else {
             let run_id = self.control.run_id.clone();
@@ -319,6 +319,9 @@ impl Run {
         ending.map_or(Ok(()), Err)
     }
 }
+
+/// A call's result, and its status when its token stopped it.
+type CallOutcome = (ToolResult, Option<ToolCallStatus>);
 
 /// How a call stopped before it finished is recorded: `interrupted` for a
 /// read-only tool, `may_have_completed` for any other.
