@@ -215,8 +215,8 @@ fn with(conditions: Vec<StopConditionSpec>) -> AgentSpec {
         .fold(spec(), AgentSpec::with_stop_condition)
 }
 
-/// W1b with every run-control feature: the loop conditions, `error_rate`
-/// and `no_progress`, a ladder for every detector and per-tool rules, at
+/// W1b with every run-control feature: the loop conditions, `error_rate`,
+/// `no_progress` and `awaiting_user`, a ladder for every detector and per-tool rules, at
 /// settings the workload never trips.
 fn control_spec() -> AgentSpec {
     use rein::escalation::{EscalationAction, EscalationStep, Ladder, ToolLoopRule};
@@ -229,6 +229,7 @@ fn control_spec() -> AgentSpec {
         // Every `noop` result is the same: 100 stale rounds is past the
         // workload's 50, so the detector works every round and never fires.
         StopConditionSpec::NoProgress { rounds: 100 },
+        StopConditionSpec::AwaitingUser { auto_nudges: 2 },
     ]);
     let ladder = || {
         Ladder::new(vec![
@@ -247,6 +248,7 @@ fn control_spec() -> AgentSpec {
         "stuck",
         "error_rate",
         "no_progress",
+        "awaiting_user",
     ] {
         spec = spec.with_escalation(code, ladder());
     }

@@ -41,6 +41,7 @@ pub const LADDER_CODES: &[&str] = &[
     "stuck",
     "error_rate",
     "no_progress",
+    "awaiting_user",
 ];
 
 /// The detector codes whose ladders may `deny` (they watch tool calls).

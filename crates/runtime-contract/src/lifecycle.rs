@@ -169,6 +169,21 @@ pub enum StopConditionSpec {
         /// Stale rounds in a row (1 to 1000; 0 disables).
         rounds: usize,
     },
+    /// Stop, instead of ending naturally, when the final answer asks the
+    /// user something the agent needs before it can go on (permission, a
+    /// choice, missing information). In auto mode such a round is answered
+    /// with a "proceed, don't ask" nudge up to `auto_nudges` times before
+    /// the session stops. Its ladder is set under `escalation` (code
+    /// `awaiting_user`).
+    AwaitingUser {
+        /// Auto mode's "proceed" nudges per session (default 2; at most 100).
+        #[serde(default = "default_auto_nudges")]
+        auto_nudges: usize,
+    },
+}
+
+fn default_auto_nudges() -> usize {
+    2
 }
 
 impl StopConditionSpec {
@@ -189,6 +204,7 @@ impl StopConditionSpec {
             Self::Stuck { .. } => "stuck",
             Self::ErrorRate { .. } => "error_rate",
             Self::NoProgress { .. } => "no_progress",
+            Self::AwaitingUser { .. } => "awaiting_user",
         }
     }
 }

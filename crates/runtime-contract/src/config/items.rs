@@ -135,6 +135,21 @@ pub(super) struct NoProgress {
     pub(super) rounds: StaleRounds,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AwaitingUser {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    #[serde(default = "AutoNudges::default_nudges")]
+    pub(super) auto_nudges: AutoNudges,
+}
+
+impl AutoNudges {
+    fn default_nudges() -> Self {
+        Self(2)
+    }
+}
+
 impl Duplicates {
     fn default_duplicates() -> Self {
         Self(2)
@@ -295,6 +310,13 @@ checked_uint!(
     "a number of rounds",
     |v| v <= MAX_NO_PROGRESS_ROUNDS as u64,
     "rounds must be at most 1000; 0 disables"
+);
+checked_uint!(
+    AutoNudges,
+    usize,
+    "a number of nudges",
+    |v| v <= MAX_AUTO_NUDGES as u64,
+    "auto_nudges must be at most 100"
 );
 checked_uint!(
     Cycle,

@@ -83,6 +83,8 @@ pub const MAX_CONSECUTIVE_ERRORS: usize = 1_000_000;
 pub const MAX_STUCK_DUPLICATES: usize = 63;
 /// The largest accepted `error_rate.errors`.
 pub const MAX_ERROR_RATE_ERRORS: usize = 1000;
+/// The largest accepted `awaiting_user.auto_nudges`.
+pub const MAX_AUTO_NUDGES: usize = 100;
 /// The largest accepted `no_progress.rounds`.
 pub const MAX_NO_PROGRESS_ROUNDS: usize = 1000;
 
@@ -320,7 +322,7 @@ fn item_kinds(list: &serde_yaml::Value) -> Vec<Option<String>> {
 }
 
 /// The stop condition `type` names, in declaration order.
-pub const STOP_CONDITION_TYPES: [&str; 14] = [
+pub const STOP_CONDITION_TYPES: [&str; 15] = [
     "max_rounds",
     "timeout",
     "token_budget",
@@ -335,6 +337,7 @@ pub const STOP_CONDITION_TYPES: [&str; 14] = [
     "stuck",
     "error_rate",
     "no_progress",
+    "awaiting_user",
 ];
 
 struct StopConditionsDocSeed<'k> {
@@ -536,6 +539,12 @@ impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
                 StopConditionSpec::ErrorRate {
                     errors: i.errors.0,
                     within_seconds: i.within_seconds.0,
+                }
+            }
+            Some("awaiting_user") => {
+                let i = items::AwaitingUser::deserialize(d)?;
+                StopConditionSpec::AwaitingUser {
+                    auto_nudges: i.auto_nudges.0,
                 }
             }
             Some("no_progress") => {

@@ -807,6 +807,15 @@ impl Run {
         if let Err(reason) = self.persist().await {
             return Some(reason);
         }
+        if calls.is_empty() && self.termination().is_none() && !self.directives.another_round {
+            // A final answer that asks the user something: stop (or nudge,
+            // or warn) instead of ending naturally.
+            let answer = std::mem::take(&mut self.response);
+            if let Some(verdict) = self.detectors.observe_final(&answer) {
+                self.apply_verdict(verdict);
+            }
+            self.response = answer;
+        }
         if calls.is_empty() && !std::mem::take(&mut self.directives.another_round) {
             return Some(self.termination().unwrap_or(TerminationReason::NaturalEnd));
         }

@@ -55,6 +55,10 @@ pub(crate) struct RoundChecks<'a> {
     /// The round stopped with `token_budget` because its next call would
     /// have exceeded what remained of the session's `maxTokens`.
     pub(crate) budget_refused: Option<&'a str>,
+    /// The round stopped with `awaiting_user` (its detail).
+    pub(crate) awaiting_user: Option<&'a str>,
+    /// Whether a "proceed, don't ask" nudge is left for such a round.
+    pub(crate) proceed_left: bool,
 }
 
 /// The stop decision after round `round` (from 1), in the documented order.
@@ -70,6 +74,8 @@ pub(crate) fn decide(
         guardrail,
         monologue,
         budget_refused,
+        awaiting_user,
+        proceed_left,
     } = *checks;
     let stop = |s: String| Decision::Stop(s);
     match &result.termination {
@@ -83,6 +89,11 @@ pub(crate) fn decide(
     if let Some(detail) = monologue {
         return stop(format!("stuck across rounds: {detail}"));
     }
+    if let Some(detail) = awaiting_user
+        && !proceed_left
+    {
+        return stop(format!("awaiting user: {detail}"));
+    }
     if guardrail.is_some() {
         return stop("guardrail blocking".into());
     }
@@ -93,7 +104,8 @@ pub(crate) fn decide(
         if looks_like_failure(&result.response) {
             return stop("failure heuristic matched".into());
         }
-        if looks_like_user_input_request(&result.response) {
+        // With `awaiting_user` listed, such an answer is nudged instead.
+        if awaiting_user.is_none() && looks_like_user_input_request(&result.response) {
             return stop("user-input heuristic matched".into());
         }
     }
@@ -216,7 +228,7 @@ mod tests {
                 &RoundChecks {
                     guardrail: Some("x"),
                     monologue: Some("repeated"),
-                    budget_refused: None,
+                    ..RoundChecks::default()
                 }
             ),
             stop("stuck across rounds: repeated"),

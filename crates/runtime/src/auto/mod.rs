@@ -10,6 +10,7 @@
 //! | the round was cancelled / failed | `cancelled` / `run error: <message>` |
 //! | a loop detector stopped the round | `loop detected (<code>): <detail>` |
 //! | the round's answer repeated earlier rounds' answers again after a nudge | `stuck across rounds: <detail>` |
+//! | the round stopped with `awaiting_user` and its "proceed" nudges are used up | `awaiting user: <detail>` |
 //! | the guardrail blocks | `guardrail blocking` |
 //! | rounds ≥ the ceiling (20 by default; builder only) | `max rounds reached (N)` |
 //! | `strictHeuristics` and the answer reports a failure | `failure heuristic matched` |
@@ -82,7 +83,7 @@ use rein_runtime_contract::event::{AgentEvent, EventSink};
 use rein_runtime_contract::message::Message;
 
 use crate::builder::AgentRuntimeBuilder;
-use crate::detectors::STUCK_NUDGE;
+use crate::detectors::{PROCEED_NUDGE, STUCK_NUDGE};
 use crate::run::{AgentRunResult, RunRequest};
 use crate::runtime::{AgentRuntime, RuntimeError};
 use decide::{Decision, RoundChecks, continuation, decide};
@@ -238,6 +239,8 @@ impl AgentRuntime {
         let mut runs: Vec<AgentRunResult> = Vec::new();
         let max_tokens = policy.as_ref().and_then(|p| p.max_tokens);
         let agent_budget = self.token_budget(request.agent_id.as_deref());
+        let proceed_nudges = self.proceed_nudges(request.agent_id.as_deref());
+        let mut proceed_used = 0;
         let mut round_request = request.clone().with_cancellation(token.clone());
         loop {
             let round = u32::try_from(runs.len())
@@ -300,10 +303,18 @@ impl AgentRuntime {
                 }
                 _ => None,
             };
+            let awaiting_user = match &result.termination {
+                TerminationReason::Stopped(r) if r.code == "awaiting_user" => {
+                    Some(r.detail.as_str())
+                }
+                _ => None,
+            };
             let checks = RoundChecks {
                 guardrail: blocked.as_deref(),
                 monologue: stuck,
                 budget_refused,
+                awaiting_user,
+                proceed_left: proceed_used < proceed_nudges,
             };
             match decide(&result, &session, policy.as_ref(), round, ceiling, &checks) {
                 Decision::Stop(stop_reason) => {
@@ -312,6 +323,16 @@ impl AgentRuntime {
                 }
                 Decision::Replan => {
                     let mut text = continuation(policy.as_ref(), &session, round + 1, ceiling);
+                    if awaiting_user.is_some() {
+                        proceed_used += 1;
+                        report.progress(
+                            Some(&result),
+                            format!("auto-run nudge: {PROCEED_NUDGE}"),
+                            session.tokens,
+                        );
+                        text.push(' ');
+                        text.push_str(PROCEED_NUDGE);
+                    }
                     if repeat == Repeat::Nudge {
                         report.progress(
                             Some(&result),
@@ -341,6 +362,19 @@ impl AgentRuntime {
                 })
             })
             .unwrap_or(2)
+    }
+
+    /// The agent's `awaiting_user` setting: "proceed" nudges per session
+    /// (0 when it lists none).
+    fn proceed_nudges(&self, agent_id: Option<&str>) -> usize {
+        self.agent_spec(agent_id)
+            .and_then(|spec| {
+                spec.stop_conditions.iter().find_map(|c| match c {
+                    StopConditionSpec::AwaitingUser { auto_nudges } => Some(*auto_nudges),
+                    _ => None,
+                })
+            })
+            .unwrap_or(0)
     }
 
     /// The agent's smallest `token_budget`, if it has one.

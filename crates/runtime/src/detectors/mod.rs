@@ -20,18 +20,24 @@
 //! | [`StuckDetector`] | after each inference, in `stop_conditions` order | `stuck` |
 //! | [`ErrorRateDetector`] | after a failed inference and each tool error | `error_rate` |
 //! | [`NoProgressDetector`] | after the round's tool results are recorded | `no_progress` |
+//! | [`AwaitingUserDetector`] | on a final answer (one without tool calls) | `awaiting_user` |
 //!
 //! Detectors do not cancel and do not end runs themselves: they return a
 //! [`Verdict`] and the agent loop acts on it. They are public so that the
 //! same rules can watch streams outside a run (and be benchmarked); inside a
 //! run, list the matching `StopConditionSpec` instead.
 
+mod awaiting_user;
 mod chanting;
 mod progress;
 mod stuck;
 mod tool_calls;
 mod tool_errors;
 
+pub use awaiting_user::{
+    ANSWER_STARTS, ASKING_EN, ASKING_ZH, AwaitingUserDetector, CLOSING_CHARS, DONE_MARKERS,
+    NOT_ASKING, OFFERS, PENDING_MARKERS, PROCEED_NUDGE, looks_like_awaiting_user,
+};
 pub use chanting::{CHANTING_NUDGE, ChantingDetector, MEAN_GAP_FACTOR};
 pub use progress::{ERROR_RATE_NUDGE, ErrorRateDetector, NO_PROGRESS_NUDGE, NoProgressDetector};
 pub use stuck::{STUCK_NUDGE, StuckDetector};
@@ -253,6 +259,8 @@ pub(crate) struct Detectors {
     pub(crate) stuck: Vec<StuckDetector>,
     /// `error_rate` and `no_progress`, in list order.
     progress: Vec<Progress>,
+    /// `awaiting_user`.
+    awaiting: Vec<AwaitingUserDetector>,
 }
 
 /// A detector of errors over time or of progress over rounds.
@@ -345,6 +353,11 @@ impl Detectors {
                             ErrorRateDetector::with_ladder,
                         ))
                     })),
+                StopConditionSpec::AwaitingUser { .. } => d.awaiting.push(maybe(
+                    AwaitingUserDetector::new(),
+                    ladder("awaiting_user"),
+                    AwaitingUserDetector::with_ladder,
+                )),
                 StopConditionSpec::NoProgress { rounds } => {
                     d.progress.extend(NoProgressDetector::new(rounds).map(|p| {
                         Progress::Rounds(maybe(
@@ -386,6 +399,12 @@ impl Detectors {
             }
         }
         verdict
+    }
+
+    /// A final answer (no tool calls): the `awaiting_user` detectors'
+    /// first verdict.
+    pub(crate) fn observe_final(&mut self, answer: &str) -> Option<Verdict> {
+        self.awaiting.iter_mut().find_map(|d| d.check(answer))
     }
 
     /// Whether any detector watches errors or progress.
