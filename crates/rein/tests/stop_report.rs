@@ -29,6 +29,16 @@ struct Waiting {
     entered: Arc<AtomicUsize>,
 }
 
+impl Waiting {
+    fn tool(name: &'static str, read_only: bool, entered: &Arc<AtomicUsize>) -> Arc<dyn Tool> {
+        Arc::new(Self {
+            name,
+            read_only,
+            entered: entered.clone(),
+        })
+    }
+}
+
 #[async_trait::async_trait]
 impl Tool for Waiting {
     fn descriptor(&self) -> ToolDescriptor {
@@ -132,22 +142,8 @@ async fn a_cancel_records_read_only_calls_as_interrupted_and_others_as_may_have_
         ("send_mail", json!({})),
     ])]);
     let runtime = builder_with(model, spec())
-        .with_tool(
-            "lookup",
-            Arc::new(Waiting {
-                name: "lookup",
-                read_only: true,
-                entered: entered.clone(),
-            }),
-        )
-        .with_tool(
-            "send_mail",
-            Arc::new(Waiting {
-                name: "send_mail",
-                read_only: false,
-                entered: entered.clone(),
-            }),
-        )
+        .with_tool("lookup", Waiting::tool("lookup", true, &entered))
+        .with_tool("send_mail", Waiting::tool("send_mail", false, &entered))
         .build()
         .unwrap();
     let handle = runtime.mailbox().submit(user("t", "go")).await.unwrap();
@@ -220,14 +216,7 @@ async fn cancelling_one_tool_call_answers_it_as_cancelled_by_the_user_and_the_ru
         ScriptedResponse::text("I stopped sending it."),
     ]);
     let runtime = builder_with(model, spec())
-        .with_tool(
-            "send_mail",
-            Arc::new(Waiting {
-                name: "send_mail",
-                read_only: false,
-                entered: entered.clone(),
-            }),
-        )
+        .with_tool("send_mail", Waiting::tool("send_mail", false, &entered))
         .build()
         .unwrap();
     let handle = runtime.mailbox().submit(user("t", "go")).await.unwrap();

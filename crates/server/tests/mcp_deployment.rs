@@ -208,10 +208,10 @@ fn the_mcp_example_runs_offline() {
     );
 }
 
-#[tokio::test]
-async fn cancelling_one_mcp_tool_call_over_http_ends_that_call_and_the_run_goes_on() {
-    let Some(entry) = everything() else { return };
-    let yaml = format!(
+/// A deployment whose agent starts the server's 60-second operation, then
+/// answers "Stopped it."; `extra` is appended (e.g. a `store:` line).
+fn long_operation(entry: &str, extra: &str) -> String {
+    format!(
         r#"
 providers:
   offline:
@@ -225,8 +225,15 @@ mcp_servers:
   everything: {{ command: node, args: ["{entry}", "stdio"] }}
 agents:
   - {{ id: assistant, model_id: demo, tools: [everything__trigger-long-running-operation] }}
+{extra}
 "#
-    );
+    )
+}
+
+#[tokio::test]
+async fn cancelling_one_mcp_tool_call_over_http_ends_that_call_and_the_run_goes_on() {
+    let Some(entry) = everything() else { return };
+    let yaml = long_operation(&entry, "");
     let server = Server::start(&yaml).await;
     let (status, accepted) = server
         .post(
@@ -307,22 +314,9 @@ async fn a_tool_call_cancel_sent_to_another_process_reaches_the_run() {
             .write_all(b"cross-process tool-call cancel skipped: REIN_DATABASE_URL is not set\n");
         return;
     }
-    let yaml = format!(
-        r#"
-providers:
-  offline:
-    kind: scripted
-    responses:
-      - {{ tool_calls: [ {{ name: everything__trigger-long-running-operation, arguments: {{ duration: 60, steps: 60 }} }} ] }}
-      - "Stopped it."
-models:
-  demo: {{ provider: offline, model: script }}
-mcp_servers:
-  everything: {{ command: node, args: ["{entry}", "stdio"] }}
-agents:
-  - {{ id: assistant, model_id: demo, tools: [everything__trigger-long-running-operation] }}
-store: {{ postgres: {{ url_env: REIN_DATABASE_URL }} }}
-"#
+    let yaml = long_operation(
+        &entry,
+        "store: { postgres: { url_env: REIN_DATABASE_URL } }",
     );
     let a = Server::start(&yaml).await;
     let b = Server::start(&yaml).await;
