@@ -351,30 +351,35 @@ impl AgentRuntime {
         }
     }
 
+    /// The value `pick` finds in the agent's first stop condition that has
+    /// one.
+    fn setting(
+        &self,
+        agent_id: Option<&str>,
+        pick: fn(&StopConditionSpec) -> Option<usize>,
+    ) -> Option<usize> {
+        self.agent_spec(agent_id)
+            .and_then(|spec| spec.stop_conditions.iter().find_map(pick))
+    }
+
     /// The agent's `stuck` setting (its first `stuck` stop condition), 2
     /// when it lists none: the cross-round rule uses the same count.
     fn stuck_duplicates(&self, agent_id: Option<&str>) -> usize {
-        self.agent_spec(agent_id)
-            .and_then(|spec| {
-                spec.stop_conditions.iter().find_map(|c| match c {
-                    StopConditionSpec::Stuck { duplicates } => Some(*duplicates),
-                    _ => None,
-                })
-            })
-            .unwrap_or(2)
+        self.setting(agent_id, |c| match c {
+            StopConditionSpec::Stuck { duplicates } => Some(*duplicates),
+            _ => None,
+        })
+        .unwrap_or(2)
     }
 
     /// The agent's `awaiting_user` setting: "proceed" nudges per session
     /// (0 when it lists none).
     fn proceed_nudges(&self, agent_id: Option<&str>) -> usize {
-        self.agent_spec(agent_id)
-            .and_then(|spec| {
-                spec.stop_conditions.iter().find_map(|c| match c {
-                    StopConditionSpec::AwaitingUser { auto_nudges } => Some(*auto_nudges),
-                    _ => None,
-                })
-            })
-            .unwrap_or(0)
+        self.setting(agent_id, |c| match c {
+            StopConditionSpec::AwaitingUser { auto_nudges } => Some(*auto_nudges),
+            _ => None,
+        })
+        .unwrap_or(0)
     }
 
     /// The agent's smallest `token_budget`, if it has one.
