@@ -185,7 +185,7 @@ pub use rein_runtime_contract::config;
 pub use rein_runtime_contract::escalation;
 
 pub use rein_runtime::{
-    auto, detectors, phase, plugin, plugins, policies, telemetry, thread_store,
+    auto, detectors, phase, plugin, plugins, policies, replay, telemetry, thread_store,
 };
 
 /// Tools: the [`Tool`](tools::Tool) trait and its types, and typed tools —
@@ -203,6 +203,7 @@ pub mod tools {
 /// where it goes ([`EventSink`](events::EventSink), [`RunStream`](events::RunStream)),
 /// and a ready-made [`TerminalPrinter`](events::TerminalPrinter).
 pub mod events {
+    pub use rein_runtime::replay::JsonlSink;
     pub use rein_runtime::{RunStream, TerminalPrinter};
     pub use rein_runtime_contract::event::{
         AgentEvent, CancelCause, CollectingSink, EventSink, NullSink,

@@ -37,6 +37,7 @@ pub mod plugin;
 pub mod plugins;
 pub mod policies;
 mod printer;
+pub mod replay;
 mod run;
 mod runtime;
 mod state;

@@ -31,6 +31,27 @@ enum Command {
         /// The address to listen on (port 0: any free port).
         #[arg(long, default_value = "127.0.0.1:8080")]
         bind: String,
+        /// Records every run's events as JSON lines in a new file in this
+        /// directory, for `rein replay`.
+        #[arg(long, value_name = "DIR")]
+        record: Option<PathBuf>,
+    },
+    /// Evaluates an agent's stop conditions and detectors over recorded
+    /// runs, offline: where each would have fired, and how often.
+    Replay {
+        /// The agent spec file (YAML or JSON), or a deployment file (then
+        /// `--agent` picks the agent when it has several).
+        #[arg(long)]
+        config: PathBuf,
+        /// The agent of a deployment file.
+        #[arg(long)]
+        agent: Option<String>,
+        /// Prints JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Recordings (`rein serve --record`, or a `JsonlSink` file).
+        #[arg(required = true)]
+        recordings: Vec<PathBuf>,
     },
     /// Runs one message through an agent, streaming the answer to stdout.
     Run {
@@ -61,7 +82,17 @@ pub fn main() -> ExitCode {
     init_logs();
     match cli.command {
         Command::Check { config } => check(&config),
-        Command::Serve { config, bind } => block_on(serve_command(&config, &bind)),
+        Command::Serve {
+            config,
+            bind,
+            record,
+        } => block_on(serve_command(&config, &bind, record.as_deref())),
+        Command::Replay {
+            config,
+            agent,
+            json,
+            recordings,
+        } => crate::replay::command(&config, agent.as_deref(), json, &recordings),
         Command::Run {
             config,
             agent,
@@ -95,6 +126,24 @@ fn block_on(command: impl Future<Output = ExitCode>) -> ExitCode {
 
 /// Loads a file, printing its errors (`FILE:LINE:COLUMN: message`) to
 /// `out` on failure.
+/// A new recording file in `dir`: `rein-<unix ms>-<pid>.jsonl`.
+fn recorder(dir: &Path) -> Result<(std::sync::Arc<dyn rein::events::EventSink>, PathBuf), String> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        format!(
+            "--record {}: cannot create the directory: {e}",
+            dir.display()
+        )
+    })?;
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or_default();
+    let path = dir.join(format!("rein-{ms}-{}.jsonl", std::process::id()));
+    let sink = rein::events::JsonlSink::create(&path)
+        .map_err(|e| format!("--record: cannot create {}: {e}", path.display()))?;
+    Ok((std::sync::Arc::new(sink), path))
+}
+
 fn load(config: &Path, out: &mut dyn Write) -> Option<Deployment> {
     match Deployment::load(config) {
         Ok(d) => Some(d),
@@ -118,7 +167,7 @@ fn check(config: &Path) -> ExitCode {
     }
 }
 
-async fn serve_command(config: &Path, bind: &str) -> ExitCode {
+async fn serve_command(config: &Path, bind: &str, record: Option<&Path>) -> ExitCode {
     let Some(deployment) = load(config, &mut std::io::stderr()) else {
         return ExitCode::FAILURE;
     };
@@ -146,6 +195,19 @@ async fn serve_command(config: &Path, bind: &str) -> ExitCode {
         }
     };
     let service = assembled.service(deployment.server.clone());
+    if let Some(dir) = record {
+        match recorder(dir) {
+            Ok((sink, path)) => {
+                eprintln!("rein: recording runs to {}", path.display());
+                service.record_events(sink);
+            }
+            Err(message) => {
+                eprintln!("rein: {message}");
+                assembled.shutdown_mcp().await;
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let stop = signal();
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();

@@ -21,6 +21,7 @@ pub mod assemble;
 pub mod cli;
 pub mod deployment;
 pub mod http;
+mod replay;
 pub mod service;
 
 use std::future::Future;

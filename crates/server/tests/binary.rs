@@ -192,3 +192,129 @@ fn serve_prints_one_listening_line_and_sigterm_ends_runs_and_exits_zero() {
     );
     assert!(lines.next().is_none(), "serve printed one line only");
 }
+
+#[test]
+fn serve_records_runs_and_replay_reports_where_each_condition_would_have_fired() {
+    // A model that calls the same (unknown) tool again and again.
+    let looping = file(
+        "record",
+        "providers:\n  p: { kind: scripted, responses: [ { tool_calls: [ { name: lookup, arguments: { q: rust } } ] } ] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m, max_rounds: 6 }\n",
+    );
+    let dir = looping.parent().unwrap().join("recordings");
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut child = rein()
+        .args(["serve", "--bind", "127.0.0.1:0", "--record"])
+        .arg(&dir)
+        .arg("--config")
+        .arg(&looping)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines.next().unwrap().unwrap();
+    let addr = line
+        .strip_prefix("listening on http://")
+        .expect("the listening line")
+        .to_owned();
+    let body = r#"{"messages":[{"role":"user","content":"look it up"}]}"#;
+    let mut post = std::net::TcpStream::connect(&addr).unwrap();
+    write!(post, "POST /v1/threads/t/runs?wait=true HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut post, &mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("max_rounds"), "{answer}");
+    signal(child.id(), "TERM");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    let recordings: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(recordings.len(), 1, "one file per serve process");
+
+    // An agent that would have watched for loops.
+    let agent = looping.parent().unwrap().join("agent.yaml");
+    std::fs::write(
+        &agent,
+        "id: a\nstop_conditions:\n  - { type: tool_call_loop, threshold: 3 }\n  - { type: tool_error_loop, threshold: 4 }\n  - { type: max_rounds, rounds: 10 }\n",
+    )
+    .unwrap();
+    let out = rein()
+        .args(["replay", "--config"])
+        .arg(&agent)
+        .arg(&recordings[0])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        table.contains("run run-1 (6 rounds, ended max_rounds)"),
+        "{table}"
+    );
+    assert!(
+        table.contains("round   3  tool_call_loop     stop"),
+        "{table}"
+    );
+    assert!(
+        table.contains("round   4  tool_error_loop    stop"),
+        "{table}"
+    );
+    assert!(
+        !table.contains("max_rounds         fired"),
+        "10 rounds were never reached: {table}"
+    );
+    assert!(
+        table.contains("tool_call_loop     fired in 1/1 runs (1 firings)"),
+        "{table}"
+    );
+
+    let out = rein()
+        .args(["replay", "--json", "--config"])
+        .arg(&agent)
+        .arg(&recordings[0])
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["summary"]["runs"], 1);
+    assert_eq!(json["summary"]["codes"]["tool_call_loop"]["runs"], 1);
+    assert_eq!(json["runs"][0]["firings"][0]["round"], 3);
+
+    // The committed fixture (recorded the same way) replays the same.
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/loop-recording.jsonl");
+    let out = rein()
+        .args(["replay", "--config"])
+        .arg(&agent)
+        .arg(&fixture)
+        .output()
+        .unwrap();
+    let fixed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        fixed.contains("round   3  tool_call_loop     stop"),
+        "{fixed}"
+    );
+
+    // A bad recording is named with its line.
+    let bad = looping.parent().unwrap().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"at_ms\": 0, \"event\": {\"type\": \"run_started\"}}\n",
+    )
+    .unwrap();
+    let out = rein()
+        .args(["replay", "--config"])
+        .arg(&agent)
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("bad.jsonl: line 1: not a recorded event"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

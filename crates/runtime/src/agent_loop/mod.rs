@@ -807,7 +807,10 @@ impl Run {
         if let Err(reason) = self.persist().await {
             return Some(reason);
         }
-        if calls.is_empty() && self.termination().is_none() && !self.directives.another_round {
+        if calls.is_empty()
+            && self.directives.termination.is_none()
+            && !self.directives.another_round
+        {
             // A final answer that asks the user something: stop (or nudge,
             // or warn) instead of ending naturally.
             let answer = std::mem::take(&mut self.response);

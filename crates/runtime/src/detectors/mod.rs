@@ -195,6 +195,30 @@ impl Denied {
     }
 }
 
+/// The detector whose nudge `text` is: `tool_call_loop` (also for
+/// `tool_call_cycle`, which shares its nudge), `tool_error_loop`,
+/// `content_chanting`, `stuck`, `error_rate`, `no_progress`,
+/// `awaiting_user`, or `nudge` for a text no detector writes.
+pub(crate) fn nudge_code(text: &str) -> &'static str {
+    if text.starts_with("You appear to be repeating the same tool calls") {
+        "tool_call_loop"
+    } else if text.starts_with("The tool call ") && text.contains("has failed") {
+        "tool_error_loop"
+    } else if text == CHANTING_NUDGE {
+        "content_chanting"
+    } else if text == STUCK_NUDGE {
+        "stuck"
+    } else if text == ERROR_RATE_NUDGE {
+        "error_rate"
+    } else if text == NO_PROGRESS_NUDGE {
+        "no_progress"
+    } else if text == PROCEED_NUDGE {
+        "awaiting_user"
+    } else {
+        "nudge"
+    }
+}
+
 /// The text of a denied call's result.
 pub(crate) fn denied_result(reason: &StoppedReason) -> String {
     format!(
@@ -399,6 +423,28 @@ impl Detectors {
             }
         }
         verdict
+    }
+
+    /// [`observe_error`](Self::observe_error) at a recorded time since the
+    /// run started (replay).
+    pub(crate) fn observe_error_after(&mut self, after: std::time::Duration) -> Option<Verdict> {
+        let mut verdict = None;
+        for p in &mut self.progress {
+            if let Progress::Errors(d) = p {
+                let v = d.observe_after(after);
+                verdict = verdict.or(v);
+            }
+        }
+        verdict
+    }
+
+    /// The round's finished calls: every tool-call detector's verdict, in
+    /// list order (replay reports them all; a run acts on the first).
+    pub(crate) fn observe_tool_results_each(&mut self, records: &[CallRecord]) -> Vec<Verdict> {
+        self.tool_loops
+            .iter_mut()
+            .filter_map(|d| d.observe_records(records))
+            .collect()
     }
 
     /// A final answer (no tool calls): the `awaiting_user` detectors'

@@ -26,7 +26,9 @@ const MAX_SEEN: usize = 65_536;
 pub struct ErrorRateDetector {
     errors: usize,
     within: Duration,
-    times: VecDeque<Instant>,
+    /// When the detector was made: errors are kept as times since then.
+    origin: Instant,
+    times: VecDeque<Duration>,
     escalation: Escalation,
 }
 
@@ -36,6 +38,7 @@ impl ErrorRateDetector {
         (errors > 0 && within_seconds > 0).then(|| Self {
             errors,
             within: Duration::from_secs(within_seconds),
+            origin: Instant::now(),
             times: VecDeque::with_capacity(errors),
             escalation: Escalation::new(OnDetect::Stop),
         })
@@ -50,21 +53,27 @@ impl ErrorRateDetector {
     /// An error at `now`; a verdict when the window holds `errors` of them
     /// (the window then starts afresh).
     pub fn observe(&mut self, now: Instant) -> Option<Verdict> {
+        self.observe_after(now.saturating_duration_since(self.origin))
+    }
+
+    /// An error `after` the detector's start (a recorded time, in replay);
+    /// as [`observe`](Self::observe).
+    pub fn observe_after(&mut self, after: Duration) -> Option<Verdict> {
         while self
             .times
             .front()
-            .is_some_and(|t| now.saturating_duration_since(*t) > self.within)
+            .is_some_and(|t| after.saturating_sub(*t) > self.within)
         {
             self.times.pop_front();
         }
-        self.times.push_back(now);
+        self.times.push_back(after);
         if self.times.len() < self.errors {
             return None;
         }
         let span = self
             .times
             .front()
-            .map_or(Duration::ZERO, |t| now.saturating_duration_since(*t));
+            .map_or(Duration::ZERO, |t| after.saturating_sub(*t));
         self.times.clear();
         let detail = format!(
             "{} errors (failed inferences or tool errors) within {:.1} s; the limit is {} within {} s",

@@ -181,6 +181,13 @@ impl Lane {
 }
 
 impl Service {
+    /// Writes every run's events to `recorder` too (e.g. a
+    /// `rein::events::JsonlSink`, as `rein serve --record DIR` does). Set
+    /// once, before serving; a second call is ignored.
+    pub fn record_events(&self, recorder: Arc<dyn rein::events::EventSink>) {
+        let _ = self.inner.records.recorder.set(records::Recorder(recorder));
+    }
+
     /// A service over `runtime`. Starts the retention sweeper, so it must
     /// be called within a tokio runtime.
     pub fn new(runtime: AgentRuntime, settings: ServerSettings) -> Self {

@@ -297,6 +297,18 @@ impl RunEntry {
 pub(super) struct Records {
     retention: Retention,
     inner: Mutex<Inner>,
+    /// Where every run's events are also written (`rein serve --record`).
+    pub(super) recorder: std::sync::OnceLock<Recorder>,
+}
+
+/// The sink that records every run's events.
+#[derive(Clone)]
+pub(super) struct Recorder(pub(super) Arc<dyn EventSink>);
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Recorder")
+    }
 }
 
 #[derive(Debug, Default)]
@@ -356,6 +368,7 @@ impl Records {
         Self {
             retention,
             inner: Mutex::new(Inner::default()),
+            recorder: std::sync::OnceLock::new(),
         }
     }
 
@@ -433,6 +446,7 @@ impl Records {
         Arc::new(RunSink {
             entry: entry.clone(),
             tail: self.tail(&entry.thread_id),
+            recorder: self.recorder.get().map(|r| r.0.clone()),
         })
     }
 
@@ -582,10 +596,14 @@ fn unstarted_result(
 struct RunSink {
     entry: Arc<RunEntry>,
     tail: Arc<ThreadTail>,
+    recorder: Option<Arc<dyn EventSink>>,
 }
 
 impl EventSink for RunSink {
     fn emit(&self, event: AgentEvent) {
+        if let Some(recorder) = &self.recorder {
+            recorder.emit(event.clone());
+        }
         let logged = self.entry.append(&event);
         self.tail.send(logged);
     }

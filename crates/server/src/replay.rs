@@ -1,0 +1,167 @@
+//! `rein replay`: an agent's stop conditions and detectors over recorded
+//! runs ([`rein::replay`]), printed as a table or as JSON.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use rein::registry_spec::AgentSpec;
+use rein::replay::{RunReplay, read_recording, replay};
+use serde::Serialize;
+
+use crate::deployment::Deployment;
+
+/// How often one code fired over all runs.
+#[derive(Debug, Default, Serialize)]
+struct Tally {
+    /// Runs in which it fired at least once.
+    runs: usize,
+    /// Firings in all.
+    firings: usize,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    runs: &'a [RunReplay],
+    summary: Summary,
+}
+
+#[derive(Serialize)]
+struct Summary {
+    runs: usize,
+    codes: BTreeMap<String, Tally>,
+}
+
+/// Runs the subcommand.
+pub(crate) fn command(
+    config: &Path,
+    agent: Option<&str>,
+    json: bool,
+    recordings: &[PathBuf],
+) -> ExitCode {
+    let spec = match agent_spec(config, agent) {
+        Ok(spec) => spec,
+        Err(message) => {
+            eprintln!("rein: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut runs = Vec::new();
+    for path in recordings {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) => {
+                eprintln!("rein: {}: cannot read the recording: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+        };
+        match read_recording(&text) {
+            Ok(recording) => runs.extend(replay(&spec, &recording)),
+            Err(message) => {
+                eprintln!("rein: {}: {message}", path.display());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let mut codes: BTreeMap<String, Tally> = BTreeMap::new();
+    for run in &runs {
+        let mut seen: Vec<&str> = Vec::new();
+        for f in &run.firings {
+            let tally = codes.entry(f.code.clone()).or_default();
+            tally.firings += 1;
+            if !seen.contains(&f.code.as_str()) {
+                seen.push(&f.code);
+                tally.runs += 1;
+            }
+        }
+    }
+    let summary = Summary {
+        runs: runs.len(),
+        codes,
+    };
+    if json {
+        let report = Report {
+            runs: &runs,
+            summary,
+        };
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("rein: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", table(&runs, &summary));
+    }
+    ExitCode::SUCCESS
+}
+
+/// The readable report: each run's firings, then how often each fired.
+fn table(runs: &[RunReplay], summary: &Summary) -> String {
+    let mut out = String::new();
+    for run in runs {
+        out.push_str(&format!(
+            "run {} ({} rounds, ended {})\n",
+            run.run_id,
+            run.rounds,
+            run.ended.as_deref().unwrap_or("unknown")
+        ));
+        if run.firings.is_empty() {
+            out.push_str("  nothing would have fired\n");
+        }
+        for f in &run.firings {
+            out.push_str(&format!(
+                "  round {:>3}  {:<18} {:<6} {}\n",
+                f.round, f.code, f.action, f.detail
+            ));
+        }
+    }
+    out.push_str(&format!("\n{} runs replayed\n", summary.runs));
+    if summary.codes.is_empty() {
+        out.push_str("no condition would have fired\n");
+    }
+    for (code, tally) in &summary.codes {
+        out.push_str(&format!(
+            "{code:<18} fired in {}/{} runs ({} firings)\n",
+            tally.runs, summary.runs, tally.firings
+        ));
+    }
+    out
+}
+
+/// The agent to evaluate: `config` is an agent spec, or a deployment file
+/// whose agent `agent` names (or its only agent).
+fn agent_spec(config: &Path, agent: Option<&str>) -> Result<AgentSpec, String> {
+    let text = std::fs::read_to_string(config)
+        .map_err(|e| format!("{}: cannot read the file: {e}", config.display()))?;
+    let is_deployment = serde_yaml::from_str::<serde_yaml::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("agents").cloned())
+        .is_some();
+    if !is_deployment {
+        return rein::config::load_agent_spec_file(config).map_err(|e| e.to_string());
+    }
+    let deployment = Deployment::load(config).map_err(|e| e.to_string())?;
+    let known = || {
+        deployment
+            .agents
+            .iter()
+            .map(|a| a.spec.id.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match agent {
+        Some(id) => deployment
+            .agent(id)
+            .map(|a| a.spec.clone())
+            .ok_or_else(|| format!("--agent {id}: no such agent; agents: {}", known())),
+        None if deployment.agents.len() == 1 => Ok(deployment.agents[0].spec.clone()),
+        None => Err(format!(
+            "{} has {} agents; choose one with --agent ({})",
+            config.display(),
+            deployment.agents.len(),
+            known()
+        )),
+    }
+}
