@@ -28,6 +28,34 @@ fn file(name: &str, yaml: &str) -> PathBuf {
     path
 }
 
+/// `rein serve` on any free port with `extra` arguments: the process, its
+/// further stdout lines, and the URL its one line announced.
+fn serve(
+    extra: &[&std::ffi::OsStr],
+    config: &Path,
+) -> (
+    std::process::Child,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+    String,
+) {
+    let mut child = rein()
+        .args(["serve", "--bind", "127.0.0.1:0"])
+        .args(extra)
+        .arg("--config")
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines.next().unwrap().unwrap();
+    let url = line
+        .strip_prefix("listening on ")
+        .expect("the listening line")
+        .to_owned();
+    (child, lines, url)
+}
+
 fn signal(pid: u32, name: &str) {
     let status = Command::new("kill")
         .args([&format!("-{name}"), &pid.to_string()])
@@ -142,20 +170,8 @@ fn serve_prints_one_listening_line_and_sigterm_ends_runs_and_exits_zero() {
         "serve",
         "providers:\n  p: { kind: scripted, chunk_delay_ms: 200, responses: [\"a b c d e f g h i j k l m n o p\"] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m }\n",
     );
-    let mut child = rein()
-        .args(["serve", "--bind", "127.0.0.1:0", "--config"])
-        .arg(&slow)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = lines.next().unwrap().unwrap();
-    let url = line
-        .strip_prefix("listening on ")
-        .expect("the listening line")
-        .to_owned();
-    assert!(url.starts_with("http://127.0.0.1:"), "{line}");
+    let (mut child, mut lines, url) = serve(&[], &slow);
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
 
     // A run, and a reader of its events (plain HTTP/1.1 over a socket).
     let addr = url.trim_start_matches("http://").to_owned();
@@ -202,21 +218,8 @@ fn serve_records_runs_and_replay_reports_where_each_condition_would_have_fired()
     );
     let dir = looping.parent().unwrap().join("recordings");
     let _ = std::fs::remove_dir_all(&dir);
-    let mut child = rein()
-        .args(["serve", "--bind", "127.0.0.1:0", "--record"])
-        .arg(&dir)
-        .arg("--config")
-        .arg(&looping)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = lines.next().unwrap().unwrap();
-    let addr = line
-        .strip_prefix("listening on http://")
-        .expect("the listening line")
-        .to_owned();
+    let (mut child, _, url) = serve(&["--record".as_ref(), dir.as_os_str()], &looping);
+    let addr = url.trim_start_matches("http://").to_owned();
     let body = r#"{"messages":[{"role":"user","content":"look it up"}]}"#;
     let mut post = std::net::TcpStream::connect(&addr).unwrap();
     write!(post, "POST /v1/threads/t/runs?wait=true HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).unwrap();
