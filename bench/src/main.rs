@@ -240,17 +240,8 @@ fn control_spec() -> AgentSpec {
         .unwrap_or_else(|e| fail(&e))
     };
     let mut spec = with(conditions);
-    for code in [
-        "tool_call_loop",
-        "tool_call_cycle",
-        "tool_error_loop",
-        "content_chanting",
-        "stuck",
-        "error_rate",
-        "no_progress",
-        "awaiting_user",
-    ] {
-        spec = spec.with_escalation(code, ladder());
+    for code in rein::escalation::LADDER_CODES {
+        spec = spec.with_escalation(*code, ladder());
     }
     spec.with_tool_rule("write_file", ToolLoopRule::threshold(2))
         .with_tool_rule("poll_status", ToolLoopRule::exempt())

@@ -295,6 +295,38 @@ impl<'de> Visitor<'de> for StepVisitor {
     }
 }
 
+/// Checks that `code` is a detector a ladder can be set for.
+///
+/// # Errors
+///
+/// The code is unknown; the message lists the known ones.
+pub fn check_code(code: &str) -> Result<(), String> {
+    if LADDER_CODES.contains(&code) {
+        Ok(())
+    } else {
+        Err(format!(
+            "unknown detector \"{code}\"; ladders can be set for: {}",
+            LADDER_CODES.join(", ")
+        ))
+    }
+}
+
+/// Checks that `ladder` denies only if `code` watches tool calls.
+///
+/// # Errors
+///
+/// A `deny` step for a detector not in [`DENY_CODES`].
+pub fn check_deny(code: &str, ladder: &Ladder) -> Result<(), String> {
+    if ladder.has(EscalationAction::Deny) && !DENY_CODES.contains(&code) {
+        Err(format!(
+            "`{code}` does not watch tool calls, so its ladder cannot `deny`; `deny` is for {}",
+            DENY_CODES.join(", ")
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// Deserializes an agent's `escalation:` map, checking each code as it
 /// is read (a known detector code; `deny` only for tool-call detectors).
 ///
@@ -320,19 +352,11 @@ impl<'de> Visitor<'de> for EscalationVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut out = BTreeMap::new();
         while let Some(code) = map.next_key::<String>()? {
-            if !LADDER_CODES.contains(&code.as_str()) {
-                return Err(de::Error::custom(format!(
-                    "escalation: unknown detector \"{code}\"; ladders can be set for: {}",
-                    LADDER_CODES.join(", ")
-                )));
-            }
+            // Checked at the key, then at the ladder, for the positions.
+            check_code(&code).map_err(|e| de::Error::custom(format!("escalation: {e}")))?;
             let ladder: Ladder = map.next_value()?;
-            if ladder.has(EscalationAction::Deny) && !DENY_CODES.contains(&code.as_str()) {
-                return Err(de::Error::custom(format!(
-                    "escalation: `{code}` does not watch tool calls, so it cannot `deny`; `deny` is for {}",
-                    DENY_CODES.join(", ")
-                )));
-            }
+            check_deny(&code, &ladder)
+                .map_err(|e| de::Error::custom(format!("escalation: {e}")))?;
             if out.insert(code.clone(), ladder).is_some() {
                 return Err(de::Error::custom(format!(
                     "escalation: `{code}` is given twice"

@@ -595,14 +595,13 @@ impl StopReport {
     /// A report of `termination` with no limits, no incomplete calls and
     /// no hint; resumable.
     pub fn new(termination: &TerminationReason) -> Self {
-        let (code, detail) = match termination {
-            TerminationReason::NaturalEnd => ("natural_end".to_owned(), String::new()),
-            TerminationReason::Cancelled => ("cancelled".to_owned(), String::new()),
-            TerminationReason::Error(message) => ("error".to_owned(), message.clone()),
-            TerminationReason::Stopped(r) => (r.code.clone(), r.detail.clone()),
+        let detail = match termination {
+            TerminationReason::NaturalEnd | TerminationReason::Cancelled => String::new(),
+            TerminationReason::Error(message) => message.clone(),
+            TerminationReason::Stopped(r) => r.detail.clone(),
         };
         Self {
-            code,
+            code: termination.code().to_owned(),
             detail,
             limits: Vec::new(),
             tool_calls: Vec::new(),

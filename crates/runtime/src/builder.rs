@@ -623,30 +623,20 @@ fn context_setup(
 /// for detectors that watch tool calls, and tool rules only with a
 /// tool-call loop detector.
 fn check_escalation(spec: &AgentSpec) -> Result<(), BuildError> {
-    use rein_runtime_contract::escalation::{DENY_CODES, EscalationAction, LADDER_CODES};
+    use rein_runtime_contract::escalation::{check_code, check_deny};
     let error = |message: String| BuildError::InvalidEscalation {
         agent_id: spec.id.clone(),
         message,
     };
     let listed: Vec<&str> = spec.stop_conditions.iter().map(|c| c.kind()).collect();
     for (code, ladder) in &spec.escalation {
-        if !LADDER_CODES.contains(&code.as_str()) {
-            return Err(error(format!(
-                "unknown detector \"{code}\"; ladders can be set for: {}",
-                LADDER_CODES.join(", ")
-            )));
-        }
+        check_code(code).map_err(error)?;
         if !listed.contains(&code.as_str()) {
             return Err(error(format!(
                 "a ladder is set for `{code}`, but no `{code}` stop condition is listed; add one to stop_conditions or drop the ladder"
             )));
         }
-        if ladder.has(EscalationAction::Deny) && !DENY_CODES.contains(&code.as_str()) {
-            return Err(error(format!(
-                "`{code}` does not watch tool calls, so its ladder cannot `deny`; `deny` is for {}",
-                DENY_CODES.join(", ")
-            )));
-        }
+        check_deny(code, ladder).map_err(error)?;
     }
     if let Some(tool) = spec.tool_rules.keys().next()
         && !listed

@@ -271,20 +271,7 @@ impl Replayer {
                     self.stats.total_input_tokens = usage.input_tokens;
                     self.stats.total_output_tokens = usage.output_tokens;
                     self.guard_check();
-                    ended = Some(match termination {
-                        rein_runtime_contract::lifecycle::TerminationReason::NaturalEnd => {
-                            "natural_end".to_owned()
-                        }
-                        rein_runtime_contract::lifecycle::TerminationReason::Cancelled => {
-                            "cancelled".to_owned()
-                        }
-                        rein_runtime_contract::lifecycle::TerminationReason::Error(_) => {
-                            "error".to_owned()
-                        }
-                        rein_runtime_contract::lifecycle::TerminationReason::Stopped(s) => {
-                            s.code.clone()
-                        }
-                    });
+                    ended = Some(termination.code().to_owned());
                 }
                 _ => {}
             }
@@ -366,7 +353,7 @@ impl Replayer {
 
     fn error(&mut self, at: u64) {
         let after = std::time::Duration::from_millis(at);
-        if let Some(v) = self.detectors.observe_error_after(after) {
+        if let Some(v) = self.detectors.observe_error(after) {
             self.fire(v);
         }
     }
@@ -376,7 +363,11 @@ impl Replayer {
             Verdict::Stop(r) => (r.code, r.detail, "stop"),
             Verdict::Warn(r) => (r.code, r.detail, "warn"),
             Verdict::Deny(r) => (r.code, r.detail, "deny"),
-            Verdict::Nudge(text) => (self.nudge_code(&text), text, "nudge"),
+            Verdict::Nudge(text) => (
+                crate::detectors::nudge_code(&text).to_owned(),
+                text,
+                "nudge",
+            ),
         };
         let stopped = self
             .firings
@@ -391,11 +382,5 @@ impl Replayer {
             action: action.to_owned(),
             detail,
         });
-    }
-
-    /// The detector whose nudge `text` is (a nudge verdict carries only
-    /// its text).
-    fn nudge_code(&self, text: &str) -> String {
-        crate::detectors::nudge_code(text).to_owned()
     }
 }

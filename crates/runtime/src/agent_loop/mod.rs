@@ -700,7 +700,7 @@ impl Run {
     async fn after_failed_inference(&mut self, error: InferenceError) -> Option<TerminationReason> {
         self.record(InferenceRecord::Failed);
         if self.detectors.watches_progress()
-            && let Some(verdict) = self.detectors.observe_error(Instant::now().into_std())
+            && let Some(verdict) = self.detectors.observe_error(self.started.elapsed())
         {
             self.apply_verdict(verdict);
         }

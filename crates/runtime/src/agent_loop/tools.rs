@@ -296,7 +296,7 @@ impl Run {
             if errors
                 && result.is_error
                 && !denied
-                && let Some(verdict) = self.detectors.observe_error(std::time::Instant::now())
+                && let Some(verdict) = self.detectors.observe_error(self.started.elapsed())
             {
                 self.apply_verdict(verdict);
             }

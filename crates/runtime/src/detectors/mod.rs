@@ -412,22 +412,10 @@ impl Detectors {
             .find_map(|d| d.screen(plain, &call.name))
     }
 
-    /// An inference failed or a tool call returned an error: the
-    /// `error_rate` detectors' first verdict.
-    pub(crate) fn observe_error(&mut self, now: std::time::Instant) -> Option<Verdict> {
-        let mut verdict = None;
-        for p in &mut self.progress {
-            if let Progress::Errors(d) = p {
-                let v = d.observe(now);
-                verdict = verdict.or(v);
-            }
-        }
-        verdict
-    }
-
-    /// [`observe_error`](Self::observe_error) at a recorded time since the
-    /// run started (replay).
-    pub(crate) fn observe_error_after(&mut self, after: std::time::Duration) -> Option<Verdict> {
+    /// An inference failed or a tool call returned an error, `after` the
+    /// run started (a recorded time, in replay): the `error_rate`
+    /// detectors' first verdict.
+    pub(crate) fn observe_error(&mut self, after: std::time::Duration) -> Option<Verdict> {
         let mut verdict = None;
         for p in &mut self.progress {
             if let Progress::Errors(d) = p {
