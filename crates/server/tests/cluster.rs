@@ -51,8 +51,12 @@ server: {{ lease_seconds: {lease_seconds} }}
             .collect::<Vec<_>>()
             .join(" ")
     );
+    // One file per call: tests run in parallel, and rewriting a file another
+    // test's process is reading hands it an empty configuration.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let path = std::env::temp_dir().join(format!(
-        "rein-cluster-{}-{lease_seconds}.yaml",
+        "rein-cluster-{}-{n}-{lease_seconds}.yaml",
         std::process::id()
     ));
     std::fs::write(&path, yaml).unwrap();
