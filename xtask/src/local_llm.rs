@@ -173,6 +173,26 @@ fn port_arg(args: &[String]) -> Result<Option<u16>, String> {
     }
 }
 
+/// The server's context window unless `--n-ctx N` (or `REIN_LLM_N_CTX`)
+/// says otherwise: the live context tests are written for 2048.
+const DEFAULT_N_CTX: u32 = 2048;
+
+fn n_ctx_arg(args: &[String]) -> Result<u32, String> {
+    let from_flag = args
+        .windows(2)
+        .find(|w| w[0] == "--n-ctx")
+        .map(|w| w[1].clone());
+    match from_flag.or_else(|| std::env::var("REIN_LLM_N_CTX").ok()) {
+        Some(n) => match n.parse::<u32>() {
+            Ok(n) if n >= 256 => Ok(n),
+            _ => Err(format!(
+                "invalid --n-ctx \"{n}\": a context window of at least 256 tokens"
+            )),
+        },
+        None => Ok(DEFAULT_N_CTX),
+    }
+}
+
 pub(crate) fn main(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("start") => start(&args[1..]),
@@ -189,7 +209,8 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
         }
         Some("install") => install(&cache_dir()?).map(|_| ()),
         _ => Err(
-            "usage: cargo xtask local-llm start [--port N] | stop | status | install".to_owned(),
+            "usage: cargo xtask local-llm start [--port N] [--n-ctx N] | stop | status | install"
+                .to_owned(),
         ),
     }
 }
@@ -205,6 +226,7 @@ fn start(args: &[String]) -> Result<(), String> {
     let cache = cache_dir()?;
     let python = install(&cache)?;
     let model = model_path(&python)?;
+    let n_ctx = n_ctx_arg(args)?;
     let port = match port_arg(args)? {
         Some(p) => p,
         None => free_port()?,
@@ -224,6 +246,8 @@ fn start(args: &[String]) -> Result<(), String> {
             MODEL_ALIAS,
             "--chat_format",
             "chatml-function-calling",
+            "--n_ctx",
+            &n_ctx.to_string(),
         ])
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .stdin(Stdio::null())

@@ -153,7 +153,7 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   ci                                   fmt check, clippy -D warnings, all tests, doc tests
-  local-llm start [--port N]|stop|status|install
+  local-llm start [--port N] [--n-ctx N]|stop|status|install
                                        a local model server for the live tests; start prints
                                        REIN_LLM_BASE_URL=<url> as its last line
   postgres start|stop|restart|status   a private PostgreSQL cluster (127.0.0.1, free port); start

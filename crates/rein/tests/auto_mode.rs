@@ -161,18 +161,21 @@ async fn the_session_budget_refuses_a_round_s_call_before_it_would_exceed_it() {
         .auto_run(user("t", "go"), policy, Arc::new(CollectingSink::new()))
         .await
         .unwrap();
-    assert!(
-        r.stop_reason
-            .starts_with("token budget reached (640/900): the next inference was not sent"),
-        "{}",
-        r.stop_reason
-    );
+    // The contract's exact string; the detail is the last run's stop.
+    assert_eq!(r.stop_reason, "token budget reached (640/900)");
     assert_eq!(r.rounds, 2);
     assert_eq!(r.tokens_used_session, 640, "no overshoot");
     assert_eq!(*calls.lock().unwrap(), 2, "the refused call was never made");
     let last = r.runs.last().unwrap();
     match &last.termination {
-        TerminationReason::Stopped(s) => assert_eq!(s.code, "token_budget"),
+        TerminationReason::Stopped(s) => {
+            assert_eq!(s.code, "token_budget");
+            assert!(
+                s.detail.starts_with("the next inference was not sent"),
+                "{}",
+                s.detail
+            );
+        }
         other => panic!("expected token_budget, got {other:?}"),
     }
     assert_eq!(last.usage.total(), 0);

@@ -708,3 +708,382 @@ fn an_unknown_summary_model_is_a_build_error_naming_it() {
         "{err}"
     );
 }
+
+/// Returns 200 numbered lines, each starting with the call's `tag`.
+struct Tagged;
+
+#[async_trait::async_trait]
+impl Tool for Tagged {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("tagged", "returns a long listing under a tag")
+    }
+    async fn execute(&self, args: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        let tag = args["tag"].as_str().unwrap_or("none").to_owned();
+        let text: Vec<String> = (1..=200)
+            .map(|i| format!("{tag} line {i:04}: the quick brown fox"))
+            .collect();
+        Ok(ToolOutput::text(text.join("\n")))
+    }
+}
+
+fn whole_listings(request: &InferenceRequest) -> usize {
+    request
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool && m.content.starts_with("line 0001"))
+        .count()
+}
+
+#[tokio::test]
+async fn a_refused_prompt_is_a_round_that_counts_toward_max_rounds() {
+    // Round 1 reads a listing; round 2's prompt is refused. With two
+    // rounds allowed, the refused attempt is the last one: the run stops
+    // at max_rounds, naming the error, and never retries.
+    let (executor, seen) = recording(|n, _| match n {
+        0 => ScriptedResponse::tool_call("big", json!({})),
+        _ => ScriptedResponse::error(InferenceError::new(
+            InferenceErrorKind::ContextOverflow,
+            "prompt is too long",
+        )),
+    });
+    let policy = ContextPolicy::new(1_000_000).with_compact(0.9, 3);
+    let agent = spec().with_context(policy).with_max_rounds(2);
+    let (result, events) = run(executor, agent, Arc::new(InMemoryThreadStore::new())).await;
+    match &result.termination {
+        TerminationReason::Stopped(r) => {
+            assert_eq!(r.code, "max_rounds");
+            assert!(r.detail.contains("prompt is too long"), "{}", r.detail);
+        }
+        other => panic!("expected max_rounds, got {other:?}"),
+    }
+    assert_eq!(result.steps, 2);
+    assert_eq!(seen.lock().unwrap().len(), 2, "no retry past the limit");
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, AgentEvent::ContextCompacted { .. })),
+        "the guard ends the run before any recovery"
+    );
+}
+
+#[tokio::test]
+async fn a_recovered_overflow_counts_its_refused_attempt_as_a_retried_round() {
+    let (executor, seen) = recording(|n, request| {
+        if whole_listings(request) >= 2 {
+            return ScriptedResponse::error(InferenceError::new(
+                InferenceErrorKind::ContextOverflow,
+                "prompt is too long",
+            ));
+        }
+        if n < 2 {
+            ScriptedResponse::tool_call("big", json!({"n": n}))
+        } else {
+            ScriptedResponse::text("done")
+        }
+    });
+    let policy = ContextPolicy::new(1_000_000).with_compact(0.9, 3);
+    let (result, events) = run(
+        executor,
+        spec().with_context(policy),
+        Arc::new(InMemoryThreadStore::new()),
+    )
+    .await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    let requests = seen.lock().unwrap().len();
+    assert_eq!(requests, 4, "two listings, one refusal, the retry");
+    assert_eq!(
+        result.steps as usize, requests,
+        "every attempt is a round, the refused one too"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, AgentEvent::RetryStarted { attempt: 2, .. })),
+        "the retry is announced as a second attempt"
+    );
+}
+
+#[tokio::test]
+async fn an_overflow_is_also_answered_by_a_summary_when_one_is_configured() {
+    const SUMMARY: &str = "SUMMARY: listings were read.";
+    let (executor, seen) = recording(|n, request| {
+        if request.system.as_deref() == Some(rein::context::DEFAULT_SUMMARY_PROMPT) {
+            return ScriptedResponse::text(SUMMARY).with_usage(50, 5);
+        }
+        if whole_listings(request) >= 3 {
+            return ScriptedResponse::error(InferenceError::new(
+                InferenceErrorKind::ContextOverflow,
+                "prompt is too long",
+            ));
+        }
+        if n < 3 {
+            ScriptedResponse::text(format!("reading {n}")).with_tool_call("big", json!({"n": n}))
+        } else {
+            ScriptedResponse::text("done")
+        }
+    });
+    // Thresholds the run never reaches on its own: only the refusal
+    // reduces the prompt.
+    let policy = ContextPolicy::new(1_000_000).with_summarize(SummarizePolicy::new(0.99));
+    let (result, events) = run(
+        executor,
+        spec().with_context(policy),
+        Arc::new(InMemoryThreadStore::new()),
+    )
+    .await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    assert!(events.iter().any(|e| matches!(
+        e,
+        AgentEvent::ContextCompacted { trigger, .. } if trigger == "overflow"
+    )));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, AgentEvent::ContextSummarized { .. }))
+    );
+    let seen = seen.lock().unwrap().clone();
+    let retry = seen
+        .iter()
+        .filter(|r| r.system.as_deref() != Some(rein::context::DEFAULT_SUMMARY_PROMPT))
+        .nth(4)
+        .unwrap();
+    assert!(retry.messages[0].content.contains(SUMMARY), "{retry:?}");
+    assert_history_valid(&retry.messages);
+}
+
+#[tokio::test]
+async fn a_result_under_min_tokens_stays_in_the_prompt_as_it_is() {
+    let (executor, seen) = recording(|n, _| match n {
+        0 => ScriptedResponse::tool_call("big", json!({})),
+        _ => ScriptedResponse::text("done"),
+    });
+    // The listing is about 1 800 tokens: under the threshold.
+    let policy = ContextPolicy::new(100_000).with_offload(5_000);
+    let (result, events) = run(
+        executor,
+        spec().with_context(policy),
+        Arc::new(InMemoryThreadStore::new()),
+    )
+    .await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    let seen = seen.lock().unwrap().clone();
+    let last = seen[1].messages.last().unwrap();
+    assert!(last.content.starts_with("line 0001"), "{last:?}");
+    assert!(!events.iter().any(|e| matches!(
+        e,
+        AgentEvent::ContextCompacted { .. } | AgentEvent::ContextSummarized { .. }
+    )));
+}
+
+#[tokio::test]
+async fn a_prompt_over_the_budget_is_compacted_before_the_call_is_refused() {
+    // Two listings (about 1 900 tokens as the estimate calibrates on the
+    // reported usage) do not fit the 1 580 that remain of 1 800; with the
+    // older one a reference (about 1 150), the prompt does, and the run
+    // goes on.
+    let (executor, seen) = recording(|n, _| match n {
+        0 | 1 => ScriptedResponse::tool_call("big", json!({"n": n})).with_usage(100, 10),
+        _ => ScriptedResponse::text("done").with_usage(100, 10),
+    });
+    let policy = ContextPolicy::new(1_000_000).with_compact(0.99, 2);
+    let agent = spec()
+        .with_context(policy)
+        .with_stop_condition(StopConditionSpec::TokenBudget { max_total: 1_800 });
+    let (result, events) = run(executor, agent, Arc::new(InMemoryThreadStore::new())).await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    assert!(events.iter().any(|e| matches!(
+        e,
+        AgentEvent::ContextCompacted { trigger, .. } if trigger == "budget"
+    )));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        whole_listings(&seen[2]),
+        1,
+        "the older listing was compacted"
+    );
+}
+
+#[tokio::test]
+async fn the_reserved_output_is_part_of_what_a_call_needs_from_the_budget() {
+    let (executor, seen) = recording(|n, _| {
+        if n == 0 {
+            ScriptedResponse::text("thinking")
+                .with_tool_call("noop", json!({}))
+                .with_usage(100, 10)
+        } else {
+            ScriptedResponse::text("done").with_usage(100, 10)
+        }
+    });
+    // A small prompt, but 900 tokens reserved for the answer: more than the
+    // 890 that remain after the first call.
+    let policy = ContextPolicy::new(100_000).with_reserve_output_tokens(900);
+    let agent = spec()
+        .with_context(policy)
+        .with_stop_condition(StopConditionSpec::TokenBudget { max_total: 1_000 });
+    let runtime = builder_with(executor, agent)
+        .with_tool("noop", Arc::new(common::Echo("noop")))
+        .build()
+        .unwrap();
+    let result = runtime.run_to_completion(user("t", "go")).await.unwrap();
+    match &result.termination {
+        TerminationReason::Stopped(r) => {
+            assert_eq!(r.code, "token_budget");
+            assert!(r.detail.contains("+ 900 reserved"), "{}", r.detail);
+            assert!(
+                r.detail.contains("890 of the 1000-token budget"),
+                "{}",
+                r.detail
+            );
+        }
+        other => panic!("expected token_budget, got {other:?}"),
+    }
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_summary_s_tokens_count_in_the_totals_stop_policies_read() {
+    // A budget only a stop policy checks (in a listed plugin, after each
+    // inference): the agent's own calls use 40 tokens, the summary 5 000.
+    let (executor, _) = recording(|n, request| {
+        if request.system.as_deref() == Some(rein::context::DEFAULT_SUMMARY_PROMPT) {
+            return ScriptedResponse::text("SUMMARY").with_usage(5_000, 20);
+        }
+        if n < 6 {
+            ScriptedResponse::text("thinking ".repeat(600))
+                .with_tool_call("big", json!({"n": n}))
+                .with_usage(0, 0)
+        } else {
+            ScriptedResponse::text("done").with_usage(0, 0)
+        }
+    });
+    let policy = ContextPolicy::new(10_000)
+        .with_offload(100)
+        .with_compact(0.5, 1)
+        .with_summarize(SummarizePolicy::new(0.6));
+    let plugin = rein::policies::StopConditionPlugin::new(vec![Arc::new(
+        rein::policies::TokenBudgetPolicy::new(4_000),
+    )]);
+    let agent = spec().with_context(policy).with_plugin_id("budget");
+    let runtime = builder_with(executor, agent)
+        .with_tool("big", Arc::new(Big(200)))
+        .with_plugin("budget", Arc::new(plugin))
+        .build()
+        .unwrap();
+    let result = runtime.run_to_completion(user("t", "go")).await.unwrap();
+    match &result.termination {
+        TerminationReason::Stopped(r) => assert_eq!(r.code, "token_budget", "{}", r.detail),
+        other => panic!("expected token_budget after the summary, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_reused_call_id_never_makes_an_older_reference_read_a_newer_result() {
+    // The provider gives every call the id "same"; each result is offloaded.
+    let (executor, seen) = recording(|n, _| match n {
+        0 => ScriptedResponse::tool_call("tagged", json!({"tag": "first"})).with_call_id("same"),
+        1 => ScriptedResponse::tool_call("tagged", json!({"tag": "second"})).with_call_id("same"),
+        _ => ScriptedResponse::text("done"),
+    });
+    let artifacts = Arc::new(rein::context::InMemoryArtifactStore::new());
+    let policy = ContextPolicy::new(100_000).with_offload(200);
+    let runtime = builder_with(executor, spec().with_context(policy))
+        .with_tool("tagged", Arc::new(Tagged))
+        .with_artifact_store(artifacts.clone())
+        .build()
+        .unwrap();
+    let result = runtime.run_to_completion(user("t", "go")).await.unwrap();
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    use rein::context::ArtifactStore;
+    let first = artifacts.get("t", "same").await.unwrap().unwrap();
+    let second = artifacts.get("t", "same~2").await.unwrap().unwrap();
+    assert!(first.starts_with("first line 0001"), "{first}");
+    assert!(second.starts_with("second line 0001"), "{second}");
+    let seen = seen.lock().unwrap().clone();
+    let references: Vec<&str> = seen[2]
+        .messages
+        .iter()
+        .filter(|m| is_reference(m))
+        .map(|m| m.content.as_str())
+        .collect();
+    assert_eq!(references.len(), 2);
+    assert!(
+        references[0].contains("artifact \"same\""),
+        "{}",
+        references[0]
+    );
+    assert!(
+        references[1].contains("artifact \"same~2\""),
+        "{}",
+        references[1]
+    );
+}
+
+#[tokio::test]
+async fn the_history_is_stored_before_a_summary_and_a_cancel_during_it_ends_the_run() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let store = Arc::new(InMemoryThreadStore::new());
+    let stored_at_summary: Arc<Mutex<Option<usize>>> = Arc::default();
+    let summarizing = Arc::new(tokio::sync::Notify::new());
+    let started = Arc::new(AtomicBool::new(false));
+    let (executor, _) = {
+        let (store, stored_at_summary, summarizing, started) = (
+            store.clone(),
+            stored_at_summary.clone(),
+            summarizing.clone(),
+            started.clone(),
+        );
+        recording(move |n, request| {
+            if request.system.as_deref() == Some(rein::context::DEFAULT_SUMMARY_PROMPT) {
+                let stored = futures::executor::block_on(store.load("t")).unwrap();
+                *stored_at_summary.lock().unwrap() = Some(stored.len());
+                started.store(true, Ordering::SeqCst);
+                summarizing.notify_one();
+                // A summary that never comes: only a cancel ends it.
+                return ScriptedResponse::stalled();
+            }
+            ScriptedResponse::text("thinking ".repeat(600)).with_tool_call("big", json!({"n": n}))
+        })
+    };
+    let policy = ContextPolicy::new(10_000)
+        .with_offload(100)
+        .with_compact(0.5, 1)
+        .with_summarize(SummarizePolicy::new(0.6));
+    let runtime = builder_with(executor, spec().with_context(policy))
+        .with_tool("big", Arc::new(Big(200)))
+        .with_thread_store(store.clone())
+        .build()
+        .unwrap();
+    let running = runtime.clone();
+    let handle = tokio::spawn(async move { running.run_to_completion(user("t", "go")).await });
+    tokio::time::timeout(std::time::Duration::from_secs(10), summarizing.notified())
+        .await
+        .expect("a summary was asked for");
+    assert!(started.load(Ordering::SeqCst));
+    runtime.cancel_by_thread("t");
+    let result = tokio::time::timeout(std::time::Duration::from_secs(5), handle)
+        .await
+        .expect("the cancel ends the summary at once")
+        .unwrap()
+        .unwrap();
+    assert_eq!(result.termination, TerminationReason::Cancelled);
+    let history = store.load("t").await.unwrap();
+    assert_history_valid(&history);
+    let at_summary = stored_at_summary.lock().unwrap().unwrap();
+    assert!(at_summary > 1, "rounds were stored before the summary");
+    assert_eq!(
+        at_summary,
+        history.len(),
+        "the store had the whole history when the summary was asked for"
+    );
+}
+
+#[test]
+fn a_summary_threshold_below_the_compaction_threshold_is_refused_where_context_stands() {
+    let e = rein::config::load_agent_spec_yaml(
+        "id: a\nmodel_id: m\ncontext:\n  window_tokens: 4096\n  compact: { at: 0.8 }\n  summarize: { at: 0.5 }\n",
+    )
+    .unwrap_err();
+    assert!(e.line().is_some() && e.column().is_some(), "{e}");
+    assert!(e.message().contains("summarize.at"), "{e}");
+    assert!(e.message().contains("compact.at"), "{e}");
+}

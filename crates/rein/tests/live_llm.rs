@@ -541,6 +541,134 @@ async fn a_thread_several_times_the_window_fits_a_small_context_and_the_estimate
     );
 }
 
+/// Returns a part of a log: about 1 400 of SmolLM2's tokens.
+struct ReadLog(AtomicUsize);
+
+#[async_trait::async_trait]
+impl Tool for ReadLog {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("read_log", "Read the next part of the server log").with_parameters(
+            json!({
+                "type": "object",
+                "properties": { "reason": { "type": "string", "description": "Why you read it" } }
+            }),
+        )
+    }
+    async fn execute(
+        &self,
+        _args: serde_json::Value,
+        _ctx: &ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
+        let part = self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(ToolOutput::text(format!(
+            "{}\n{}",
+            log_excerpt(2 * part),
+            log_excerpt(2 * part + 1)
+        )))
+    }
+}
+
+// A task whose real tool results add up to several windows: each run's
+// first inference is a (forced) call of `read_log`, whose result is
+// offloaded as it arrives, then the model answers. The local template
+// drops tool results' text from the prompt it builds, so what this shows
+// on this server is the real tool path with the policy on — calls parsed,
+// results offloaded into the artifact store and kept whole in the
+// history, references in what is sent, no context error — while the test
+// above fills the window itself.
+#[tokio::test]
+async fn tool_results_several_times_the_window_are_offloaded_and_every_run_completes() {
+    let Some((url, _turn)) = live() else {
+        return;
+    };
+    let window: u64 = 2048; // the local server's n_ctx
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let executor = Recording {
+        inner: GenaiExecutor::openai_compatible(url, None).with_streaming(false),
+        log: log.clone(),
+    };
+    let artifacts = Arc::new(rein::context::InMemoryArtifactStore::new());
+    let policy = rein::context::ContextPolicy::new(window)
+        .with_reserve_output_tokens(24)
+        .with_offload(300)
+        .with_compact(0.7, 1);
+    let agent = spec()
+        .with_model_id("smollm2")
+        .with_tool_choice(ToolChoice::None)
+        .with_context(policy);
+    let rt = AgentRuntimeBuilder::new()
+        .with_agent_spec(agent)
+        .with_model(model(24))
+        .with_provider("local", Arc::new(executor))
+        .with_tool("read_log", Arc::new(ReadLog(AtomicUsize::new(0))))
+        .with_artifact_store(artifacts.clone())
+        .build()
+        .unwrap();
+    let runs = 4;
+    for part in 0..runs {
+        let request = user(
+            "tools",
+            &format!("Read part {part} of the log. Any errors?"),
+        )
+        .with_tool_choice(ToolChoice::Tool("read_log".into()));
+        let r = rt.run_to_completion(request).await.unwrap();
+        assert_eq!(
+            r.termination,
+            TerminationReason::NaturalEnd,
+            "run {part}: {r:?}"
+        );
+    }
+    let history = rt.thread_messages("tools").await;
+    assert_history_valid(&history);
+    let results: Vec<&Message> = history.iter().filter(|m| m.role == Role::Tool).collect();
+    assert_eq!(results.len(), runs, "one read_log call a run");
+    let log = log.lock().unwrap().clone();
+    // Each result is in the artifact store, under the id its reference names.
+    use rein::context::ArtifactStore;
+    let mut stored = Vec::new();
+    let ids: std::collections::BTreeSet<String> = log
+        .iter()
+        .flat_map(|(request, _)| request.messages.iter())
+        .filter_map(|m| {
+            m.content
+                .strip_prefix("[tool result offloaded to artifact \"")
+        })
+        .filter_map(|rest| rest.split('"').next().map(str::to_owned))
+        .collect();
+    for id in &ids {
+        stored.push(artifacts.get("tools", id).await.unwrap().unwrap());
+    }
+    for m in &results {
+        assert!(stored.contains(&m.content), "not offloaded: {}", m.content);
+    }
+    // Every prompt sent holds references, never a whole result, and fits.
+    for (request, reported) in &log {
+        let tools: Vec<&Message> = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .collect();
+        assert!(
+            tools
+                .iter()
+                .all(|m| m.content.starts_with("[tool result offloaded to artifact")),
+            "{tools:?}"
+        );
+        assert!(reported.is_some_and(|t| t < window), "{reported:?}");
+    }
+    // What one tool returned, in the model's own tokens (sent once as a
+    // user message on another thread): the results are several windows.
+    let measured = rt
+        .run_to_completion(user("measure", &results[0].content))
+        .await
+        .unwrap();
+    let one_result_tokens = measured.usage.input_tokens;
+    assert!(
+        one_result_tokens * runs as u64 > 2 * window,
+        "{runs} results of about {one_result_tokens} tokens are not several windows"
+    );
+}
+
 /// The skip line's count is the number of `#[tokio::test]`s; it is true
 /// only if each of them skips through [`live`].
 #[test]

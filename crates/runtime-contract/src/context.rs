@@ -70,8 +70,11 @@ pub struct ContextPolicy {
 
 impl ContextPolicy {
     /// A policy for a window of `window_tokens`, with nothing reserved and
-    /// no offloading, compaction or summary (the window is still checked
-    /// before each inference).
+    /// no offloading, compaction or summary. The window then only sizes
+    /// the `prompt_estimated` events and the numbers of a `context_window`
+    /// stop: a prompt over it is still sent (the estimate may be off; the
+    /// provider decides), and a provider's context-length error is
+    /// answered by one retry only where something can be reduced.
     pub fn new(window_tokens: u64) -> Self {
         Self {
             window_tokens,

@@ -141,8 +141,11 @@ pub enum AgentEvent {
         window_tokens: Option<u64>,
     },
     /// The context policy compacted what the model sees: older tool results
-    /// (or, on `offloaded`, results as they arrived) became references to
-    /// the artifact store. Token counts are estimates of the whole prompt.
+    /// became references to the artifact store. `trigger` says why:
+    /// `threshold` (over `compact.at`), `budget` (the next call would not
+    /// fit the token budget otherwise) or `overflow` (the provider refused
+    /// the prompt). Results offloaded as they arrive emit no event. Token
+    /// counts are estimates of the whole prompt.
     ContextCompacted {
         /// The run.
         run_id: String,

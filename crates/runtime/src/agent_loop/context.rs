@@ -14,6 +14,7 @@ use rein_runtime_contract::message::{CacheUsage, Message};
 
 use super::{MAX_SUMMARY_PASSES, Run, interrupted};
 use crate::context::{Change, ContextWindow};
+use crate::policies::{StopStatsKey, add_usage};
 
 impl Run {
     /// Brings the model's view up to date before an inference: offloads
@@ -146,7 +147,13 @@ impl Run {
             }
         };
         match response.usage {
-            Some(usage) => self.usage.add(usage),
+            Some(usage) => {
+                // The run paid for it: the token totals policies read count it.
+                self.usage.add(usage);
+                if let Ok(stats) = self.state.get_mut::<StopStatsKey>() {
+                    add_usage(stats, usage);
+                }
+            }
             None => self.usage_complete = false,
         }
         if let Some(cache) = response.cache {

@@ -445,17 +445,6 @@ impl Run {
                     }
                     return self.cancelled_reason();
                 }
-                Inference::Failed(error)
-                    if error.kind() == InferenceErrorKind::ContextOverflow
-                        && self
-                            .context
-                            .as_ref()
-                            .is_some_and(|c| c.setup.policy.is_some()) =>
-                {
-                    if let Some(reason) = Box::pin(self.recover_overflow(&error)).await {
-                        return reason;
-                    }
-                }
                 Inference::Failed(error) => {
                     if let Some(reason) = self.after_failed_inference(error).await {
                         return reason;
@@ -714,6 +703,17 @@ impl Run {
         self.apply_guard(Some(&error));
         if let Some(reason) = self.termination() {
             return Some(reason);
+        }
+        // A refused attempt is a round like any failed one (counted above,
+        // seen by hooks and policies); with a context policy it is then
+        // answered by reducing the prompt and retrying once.
+        if error.kind() == InferenceErrorKind::ContextOverflow
+            && self
+                .context
+                .as_ref()
+                .is_some_and(|c| c.setup.policy.is_some())
+        {
+            return Box::pin(self.recover_overflow(&error)).await;
         }
         if !error.is_retryable() {
             return Some(TerminationReason::Error(format!(

@@ -121,14 +121,11 @@ pub(crate) fn decide(
         }
     }
     if let Some(max) = policy.and_then(|p| p.max_tokens) {
-        if session.tokens >= max {
+        // The contract's exact string in both cases; a refusal's detail
+        // (what the next call would have needed) is the last run's
+        // `token_budget` stop.
+        if session.tokens >= max || budget_refused.is_some() {
             return stop(format!("token budget reached ({}/{max})", session.tokens));
-        }
-        if let Some(detail) = budget_refused {
-            return stop(format!(
-                "token budget reached ({}/{max}): {detail}",
-                session.tokens
-            ));
         }
     }
     if declared_done(result) && !has_goals {

@@ -18,7 +18,7 @@
 //! | the goals hold on the latest completed report (AND / OR) | `automation goals reached` |
 //! | completed experiments ≥ `maxExperiments` | `max experiments reached (N/M)` |
 //! | session tokens ≥ `maxTokens` | `token budget reached (N/M)` |
-//! | the round's next inference would have exceeded what remained of `maxTokens` (it was not sent) | `token budget reached (N/M): <detail>` |
+//! | the round's next inference would have exceeded what remained of `maxTokens` (it was not sent; N < M, the last run's `token_budget` stop has the detail) | `token budget reached (N/M)` |
 //! | the agent called `terminate` with `success` and no goal is unmet | `queue exhausted, no replan condition met` |
 //!
 //! Otherwise it **replans**: the next round starts with a continuation

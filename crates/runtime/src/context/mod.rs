@@ -577,6 +577,39 @@ impl ContextWindow {
     }
 }
 
+/// The most artifacts one call id can name in a thread (a provider that
+/// reuses ids); past it the result stays in the prompt.
+const MAX_ID_REUSE: usize = 1000;
+
+/// The artifact id for a result of call `call_id`: the call id itself,
+/// unless the thread already has a different text under it (a provider
+/// that reuses or leaves out call ids), then `call_id~2`, `call_id~3`, …
+/// — so an earlier reference never reads a later result. The same text
+/// under the same id (offloaded again by a later run) keeps its id; the
+/// flag says it is stored already.
+async fn artifact_id(
+    store: &dyn ArtifactStore,
+    thread_id: &str,
+    call_id: &str,
+    text: &str,
+) -> Result<(String, bool), ArtifactError> {
+    let base = if call_id.is_empty() { "call" } else { call_id };
+    for n in 1..=MAX_ID_REUSE {
+        let id = if n == 1 && !call_id.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}~{n}")
+        };
+        match store.get(thread_id, &id).await? {
+            Some(stored) if stored != text => {}
+            stored => return Ok((id, stored.is_some())),
+        }
+    }
+    Err(ArtifactError(format!(
+        "call id \"{call_id}\" names {MAX_ID_REUSE} different results in thread \"{thread_id}\"; the result stays in the prompt"
+    )))
+}
+
 /// Stores `message`'s text as an artifact named by its call id and returns
 /// the reference that replaces it; `None` if it could not be stored (the
 /// full text then stays in view).
@@ -586,8 +619,15 @@ async fn offload_one(
     message: &Message,
     calibration: &Calibration,
 ) -> Option<String> {
-    let id = message.tool_call_id.as_deref()?;
-    if let Err(error) = store.put(thread_id, id, &message.content).await {
+    let call_id = message.tool_call_id.as_deref()?;
+    let (id, stored) = match artifact_id(store, thread_id, call_id, &message.content).await {
+        Ok(found) => found,
+        Err(error) => {
+            tracing::warn!(%error, thread_id, call_id, "could not offload a tool result; it stays in the prompt");
+            return None;
+        }
+    };
+    if !stored && let Err(error) = store.put(thread_id, &id, &message.content).await {
         tracing::warn!(%error, thread_id, id, "could not offload a tool result; it stays in the prompt");
         return None;
     }

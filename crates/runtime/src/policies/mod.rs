@@ -28,7 +28,7 @@ pub use plugin::{MaxRoundsPlugin, StopConditionPlugin};
 pub use stats::{RECENT_RESPONSES_KEPT, StopPolicyStats, StopStatsKey};
 
 pub(crate) use builtin::stats_policy;
-pub(crate) use stats::{InferenceRecord, record_inference};
+pub(crate) use stats::{InferenceRecord, add_usage, record_inference};
 
 use std::sync::Arc;
 

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use rein_runtime_contract::inference::InferenceResponse;
+use rein_runtime_contract::message::TokenUsage;
 use rein_runtime_contract::state::StateKey;
 
 /// How many recent non-empty response texts [`StopPolicyStats`] keeps.
@@ -47,6 +48,15 @@ pub(crate) enum InferenceRecord<'a> {
     Failed,
 }
 
+/// Adds tokens spent to the totals (an inference's, or a summary's: the
+/// run paid for both).
+pub(crate) fn add_usage(stats: &mut StopPolicyStats, usage: TokenUsage) {
+    stats.total_input_tokens = stats.total_input_tokens.saturating_add(usage.input_tokens);
+    stats.total_output_tokens = stats
+        .total_output_tokens
+        .saturating_add(usage.output_tokens);
+}
+
 /// Counts one inference attempt.
 pub(crate) fn record_inference(
     stats: &mut StopPolicyStats,
@@ -64,11 +74,7 @@ pub(crate) fn record_inference(
         InferenceRecord::Succeeded(response) => {
             stats.consecutive_errors = 0;
             if let Some(usage) = response.usage {
-                stats.total_input_tokens =
-                    stats.total_input_tokens.saturating_add(usage.input_tokens);
-                stats.total_output_tokens = stats
-                    .total_output_tokens
-                    .saturating_add(usage.output_tokens);
+                add_usage(stats, usage);
             }
             stats
                 .last_tool_names
