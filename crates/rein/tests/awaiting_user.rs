@@ -52,6 +52,15 @@ async fn an_answer_that_asks_permission_stops_the_run_as_awaiting_user() {
         other => panic!("{other:?}"),
     }
     assert_eq!(result.response, ASKING, "the question is the answer");
+    let report = &result.report;
+    assert!(report.resumable);
+    assert!(
+        report
+            .hint
+            .as_deref()
+            .is_some_and(|h| h.contains("answer it in a new message")),
+        "{report:?}"
+    );
     // Without the condition the same answer ends the run naturally.
     let runtime = builder_with(model(), spec()).build().unwrap();
     let result = runtime

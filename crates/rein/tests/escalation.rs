@@ -272,15 +272,33 @@ fn ladders_rules_and_the_new_conditions_load_from_yaml_with_positions() {
     let e = error("id: a\nescalation:\n  tool_call_lop: [stop]\n");
     assert!(e.starts_with("line 3, column"), "{e}");
     assert!(e.contains("unknown detector \"tool_call_lop\""), "{e}");
-    let e = error("id: a\nescalation:\n  stuck: [deny, stop]\n");
+    let stuck = "id: a\nstop_conditions:\n  - { type: stuck }\nescalation:\n";
+    let e = error(&format!("{stuck}  stuck: [deny, stop]\n"));
+    assert!(e.starts_with("line 5, column"), "{e}");
     assert!(e.contains("`stuck` does not watch tool calls"), "{e}");
-    let e = error("id: a\nescalation:\n  stuck: [stop, nudge]\n");
+    let e = error(&format!("{stuck}  stuck: [stop, nudge]\n"));
+    assert!(e.starts_with("line 5, column"), "{e}");
     assert!(e.contains("can never be reached"), "{e}");
     let e = error("id: a\nstop_conditions:\n  - { type: error_rate, errors: 3 }\n");
+    assert!(e.starts_with("line 3, column"), "{e}");
     assert!(e.contains("missing field `within_seconds`"), "{e}");
-    let e = error("id: a\ntool_rules:\n  write_file: { threshold: 1 }\n");
-    assert!(e.starts_with("line 3"), "{e}");
+    let e = error("id: a\nstop_conditions:\n  - { type: awaiting_user, auto_nudges: 101 }\n");
+    assert!(e.starts_with("line 3, column"), "{e}");
+    assert!(e.contains("auto_nudges must be at most 100"), "{e}");
+    let loops = "id: a\nstop_conditions:\n  - { type: tool_call_loop }\n";
+    let e = error(&format!("{loops}tool_rules:\n  write_file: {{ threshold: 1 }}\n"));
+    assert!(e.starts_with("line 5"), "{e}");
     assert!(e.contains("out of range"), "{e}");
+    // What `build()` also refuses is refused at loading, where it stands.
+    let e = error("id: a\nstop_conditions:\n  - { type: stuck }\nescalation:\n  no_progress: [stop]\n");
+    assert!(e.starts_with("line 5, column"), "{e}");
+    assert!(
+        e.contains("a ladder is set for `no_progress`, but no `no_progress` stop condition is listed"),
+        "{e}"
+    );
+    let e = error("id: a\ntool_rules:\n  write_file: { threshold: 2 }\n");
+    assert!(e.starts_with("line 3, column"), "{e}");
+    assert!(e.contains("neither is listed"), "{e}");
 }
 
 #[test]
@@ -299,4 +317,157 @@ fn a_ladder_for_a_detector_the_agent_does_not_list_is_a_build_error() {
         .build()
         .unwrap_err();
     assert!(e.to_string().contains("tool_rules"), "{e}");
+}
+
+#[tokio::test]
+async fn failed_inferences_count_toward_error_rate_like_tool_errors() {
+    let failing = || {
+        ScriptedResponse::error(rein::contract::inference::InferenceError::new(
+            rein::contract::inference::InferenceErrorKind::Server,
+            "503 from upstream",
+        ))
+    };
+    let model = ScriptedExecutor::new(vec![
+        failing(),
+        failing(),
+        failing(),
+        ScriptedResponse::text("recovered"),
+    ]);
+    let spec = spec().with_stop_condition(StopConditionSpec::ErrorRate {
+        errors: 3,
+        within_seconds: 60,
+    });
+    let runtime = builder_with(model, spec)
+        .with_retry_backoff(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(2),
+        )
+        .build()
+        .unwrap();
+    let result = runtime.run_to_completion(user("t", "go")).await.unwrap();
+    match &result.termination {
+        TerminationReason::Stopped(r) => {
+            assert_eq!(r.code, "error_rate");
+            assert!(r.detail.starts_with("3 errors"), "{}", r.detail);
+        }
+        other => panic!("expected error_rate, got {other:?}"),
+    }
+    assert_eq!(result.steps, 3, "the third failed round stops the run");
+}
+
+#[tokio::test]
+async fn a_cycle_of_two_tools_is_nudged_then_stopped_by_its_ladder() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let spec = spec()
+        .with_stop_condition(StopConditionSpec::ToolCallCycle {
+            cycle: 2,
+            threshold: 2,
+            on_detect: rein::contract::lifecycle::OnDetect::Stop,
+        })
+        .with_escalation(
+            "tool_call_cycle",
+            ladder(&[(EscalationAction::Nudge, 1), (EscalationAction::Stop, 1)]),
+        );
+    let script: Vec<ScriptedResponse> = (0..20)
+        .map(|i| ScriptedResponse::tool_call(if i % 2 == 0 { "a" } else { "b" }, json!({})))
+        .collect();
+    let tools: [(&'static str, Arc<dyn Tool>); 2] = [
+        ("a", Arc::new(Same("a", runs.clone()))),
+        ("b", Arc::new(Same("b", runs.clone()))),
+    ];
+    let (result, events, _) = run(ScriptedExecutor::new(script), spec, &tools).await;
+    assert_eq!(result.termination.stop_code(), Some("tool_call_cycle"));
+    let nudges = events
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::Nudge { .. }))
+        .count();
+    assert_eq!(nudges, 1, "the first detection nudges, the next stops");
+    assert!(runs.load(Ordering::SeqCst) > 4, "it went on after the nudge");
+}
+
+#[tokio::test]
+async fn a_failing_call_repeated_is_denied_by_the_error_loop_ladder() {
+    let spec = spec()
+        .with_stop_condition(StopConditionSpec::ToolErrorLoop {
+            threshold: 2,
+            on_detect: rein::contract::lifecycle::OnDetect::Stop,
+        })
+        .with_escalation(
+            "tool_error_loop",
+            ladder(&[(EscalationAction::Deny, 2), (EscalationAction::Stop, 1)]),
+        );
+    let model = calling("failing", 10, |_| json!({"path": "/etc/shadow"}));
+    let (result, events, history) = run(model, spec, &[("failing", Arc::new(Failing))]).await;
+    // Calls 1-2 fail: a loop, denied from now on. 3: denied, not run. 4: stop.
+    assert_eq!(result.termination.stop_code(), Some("tool_error_loop"));
+    let denied = history
+        .iter()
+        .filter(|m| {
+            m.role == Role::Tool
+                && m.content
+                    .starts_with("not run: Rein's `tool_error_loop` detector denied this call")
+        })
+        .count();
+    assert_eq!(denied, 1, "{history:#?}");
+    assert_eq!(
+        detections(&events),
+        [
+            ("tool_error_loop".to_owned(), "deny".to_owned()),
+            ("tool_error_loop".to_owned(), "deny".to_owned()),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn the_same_answer_again_is_warned_then_stopped_by_the_stuck_ladder() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let spec = spec()
+        .with_stop_condition(StopConditionSpec::Stuck { duplicates: 2 })
+        .with_escalation(
+            "stuck",
+            ladder(&[(EscalationAction::Warn, 1), (EscalationAction::Stop, 1)]),
+        );
+    // The same words every round, with a different search each time.
+    let script: Vec<ScriptedResponse> = (0..10)
+        .map(|i| {
+            ScriptedResponse::text("Let me look that up.").with_tool_call("search", json!({"q": i}))
+        })
+        .collect();
+    let (result, events, _) = run(
+        ScriptedExecutor::new(script),
+        spec,
+        &[("search", Arc::new(Same("search", runs.clone())))],
+    )
+    .await;
+    // Round 3 repeats two earlier answers (warned); round 4 stops.
+    assert_eq!(result.termination.stop_code(), Some("stuck"));
+    assert_eq!(
+        detections(&events),
+        [("stuck".to_owned(), "warn".to_owned())]
+    );
+    assert_eq!(result.steps, 4);
+}
+
+#[tokio::test]
+async fn chanting_with_a_warning_ladder_is_reported_and_the_answer_stands() {
+    let chant = "I will now repeat the plan once more for clarity. ".repeat(40);
+    let spec = spec()
+        .with_stop_condition(StopConditionSpec::ContentChanting {
+            chunk_chars: 50,
+            threshold: 10,
+            on_detect: rein::contract::lifecycle::OnDetect::Stop,
+        })
+        .with_escalation("content_chanting", ladder(&[(EscalationAction::Warn, 1)]));
+    let model = ScriptedExecutor::new(vec![ScriptedResponse::text(chant.clone())]);
+    let (result, events, _) = run(model, spec, &[]).await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    let found = detections(&events);
+    assert!(!found.is_empty(), "the chanting was reported");
+    assert!(
+        found
+            .iter()
+            .all(|(code, action)| code == "content_chanting" && action == "warn"),
+        "{found:?}"
+    );
+    assert_eq!(result.response, chant, "a warning cuts nothing");
 }

@@ -93,3 +93,64 @@ fn a_line_that_is_not_a_recorded_event_is_named() {
     let e = read_recording("{\"at_ms\": 1, \"event\": {\"type\": \"text_delta\"}}\n").unwrap_err();
     assert!(e.starts_with("line 1: not a recorded event"), "{e}");
 }
+
+#[tokio::test]
+async fn a_deny_ladder_replays_as_the_live_run_applies_it() {
+    use rein::contract::event::AgentEvent;
+    use EscalationAction::{Deny, Stop};
+    let ladder = Ladder::new(vec![
+        EscalationStep::new(Deny, 2),
+        EscalationStep::new(Stop, 1),
+    ])
+    .unwrap();
+    let agent = spec()
+        .with_stop_condition(StopConditionSpec::ToolCallLoop {
+            threshold: 3,
+            max_cycle: 1,
+            on_detect: rein::contract::lifecycle::OnDetect::Stop,
+        })
+        .with_escalation("tool_call_loop", ladder);
+
+    // Replayed over a run recorded without the ladder...
+    let recording = read_recording(&recorded().await).unwrap();
+    let replayed = replay(&agent, &recording);
+    let firings = codes(&replayed[0].firings);
+
+    // ...and run live with it, on the same script.
+    let mut script: Vec<ScriptedResponse> = (0..6)
+        .map(|_| ScriptedResponse::tool_call("search", json!({"q": "rust"})))
+        .collect();
+    script.push(ScriptedResponse::text("done"));
+    let runtime = builder_with(ScriptedExecutor::new(script), agent)
+        .with_tool("search", Arc::new(Echo("search")))
+        .build()
+        .unwrap();
+    let sink = Arc::new(CollectingSink::new());
+    let result = runtime.run(user("t", "find a crate"), sink.clone()).await.unwrap();
+    let mut round = 0;
+    let mut live: Vec<(u32, String, String)> = Vec::new();
+    for event in sink.events() {
+        match event {
+            AgentEvent::StepStarted { .. } | AgentEvent::RetryStarted { .. } => round += 1,
+            AgentEvent::Detected { code, action, .. } => live.push((round, code, action)),
+            _ => {}
+        }
+    }
+    let stop = result.termination.stop_code().unwrap().to_owned();
+    live.push((result.steps, stop, "stop".to_owned()));
+
+    let replayed: Vec<(u32, String, String)> = firings
+        .iter()
+        .map(|(r, c, a)| (*r, (*c).to_owned(), (*a).to_owned()))
+        .collect();
+    assert_eq!(replayed, live);
+    // The call the ladder denied is refused before it runs, in both.
+    assert!(
+        replayed
+            .iter()
+            .filter(|(_, _, a)| a == "deny")
+            .count()
+            == 2,
+        "{replayed:?}"
+    );
+}

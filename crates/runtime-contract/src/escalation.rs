@@ -327,6 +327,42 @@ pub fn check_deny(code: &str, ladder: &Ladder) -> Result<(), String> {
     }
 }
 
+/// Checks that a ladder for `code` has a detector to act on: a `code`
+/// stop condition among the agent's `listed` kinds.
+///
+/// # Errors
+///
+/// No such stop condition is listed; the message says to add one or drop
+/// the ladder.
+pub fn check_listed(code: &str, listed: &[&str]) -> Result<(), String> {
+    if listed.contains(&code) {
+        Ok(())
+    } else {
+        Err(format!(
+            "a ladder is set for `{code}`, but no `{code}` stop condition is listed; add one to stop_conditions or drop the ladder"
+        ))
+    }
+}
+
+/// Checks that tool rules (the first for `tool`) have a detector to apply
+/// to: `tool_call_loop` or `tool_call_cycle` among the `listed` kinds.
+///
+/// # Errors
+///
+/// Neither is listed.
+pub fn check_tool_rules_listed(tool: &str, listed: &[&str]) -> Result<(), String> {
+    if listed
+        .iter()
+        .any(|k| *k == "tool_call_loop" || *k == "tool_call_cycle")
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "tool_rules (for \"{tool}\") apply to `tool_call_loop` and `tool_call_cycle`, and neither is listed; add one to stop_conditions or drop the rules"
+        ))
+    }
+}
+
 /// Deserializes an agent's `escalation:` map, checking each code as it
 /// is read (a known detector code; `deny` only for tool-call detectors).
 ///
@@ -337,12 +373,30 @@ pub fn check_deny(code: &str, ladder: &Ladder) -> Result<(), String> {
 pub fn deserialize_escalation<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<BTreeMap<String, Ladder>, D::Error> {
-    d.deserialize_map(EscalationVisitor)
+    d.deserialize_map(EscalationVisitor { listed: None })
 }
 
-struct EscalationVisitor;
+/// [`deserialize_escalation`] for an agent whose stop conditions are
+/// known: a ladder for a detector not among `listed` is refused at its
+/// code ([`check_listed`]).
+///
+/// # Errors
+///
+/// As [`deserialize_escalation`], and a code not listed.
+pub fn deserialize_escalation_listed<'de, D: Deserializer<'de>>(
+    d: D,
+    listed: &[&str],
+) -> Result<BTreeMap<String, Ladder>, D::Error> {
+    d.deserialize_map(EscalationVisitor {
+        listed: Some(listed),
+    })
+}
 
-impl<'de> Visitor<'de> for EscalationVisitor {
+struct EscalationVisitor<'l> {
+    listed: Option<&'l [&'l str]>,
+}
+
+impl<'de> Visitor<'de> for EscalationVisitor<'_> {
     type Value = BTreeMap<String, Ladder>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -354,6 +408,10 @@ impl<'de> Visitor<'de> for EscalationVisitor {
         while let Some(code) = map.next_key::<String>()? {
             // Checked at the key, then at the ladder, for the positions.
             check_code(&code).map_err(|e| de::Error::custom(format!("escalation: {e}")))?;
+            if let Some(listed) = self.listed {
+                check_listed(&code, listed)
+                    .map_err(|e| de::Error::custom(format!("escalation: {e}")))?;
+            }
             let ladder: Ladder = map.next_value()?;
             check_deny(&code, &ladder)
                 .map_err(|e| de::Error::custom(format!("escalation: {e}")))?;

@@ -623,7 +623,9 @@ fn context_setup(
 /// for detectors that watch tool calls, and tool rules only with a
 /// tool-call loop detector.
 fn check_escalation(spec: &AgentSpec) -> Result<(), BuildError> {
-    use rein_runtime_contract::escalation::{check_code, check_deny};
+    use rein_runtime_contract::escalation::{
+        check_code, check_deny, check_listed, check_tool_rules_listed,
+    };
     let error = |message: String| BuildError::InvalidEscalation {
         agent_id: spec.id.clone(),
         message,
@@ -631,21 +633,11 @@ fn check_escalation(spec: &AgentSpec) -> Result<(), BuildError> {
     let listed: Vec<&str> = spec.stop_conditions.iter().map(|c| c.kind()).collect();
     for (code, ladder) in &spec.escalation {
         check_code(code).map_err(error)?;
-        if !listed.contains(&code.as_str()) {
-            return Err(error(format!(
-                "a ladder is set for `{code}`, but no `{code}` stop condition is listed; add one to stop_conditions or drop the ladder"
-            )));
-        }
+        check_listed(code, &listed).map_err(error)?;
         check_deny(code, ladder).map_err(error)?;
     }
-    if let Some(tool) = spec.tool_rules.keys().next()
-        && !listed
-            .iter()
-            .any(|k| *k == "tool_call_loop" || *k == "tool_call_cycle")
-    {
-        return Err(error(format!(
-            "tool_rules (for \"{tool}\") apply to `tool_call_loop` and `tool_call_cycle`, and neither is listed"
-        )));
+    if let Some(tool) = spec.tool_rules.keys().next() {
+        check_tool_rules_listed(tool, &listed).map_err(error)?;
     }
     Ok(())
 }

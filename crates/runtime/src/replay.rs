@@ -190,6 +190,10 @@ struct Replayer {
     text: String,
     calls: Vec<ToolCall>,
     results: Vec<ToolResult>,
+    /// Calls of the round a `deny` step would have refused: as in a live
+    /// run, they are not observed as run (their errors and results do not
+    /// count).
+    denied: BTreeSet<String>,
     open: bool,
 }
 
@@ -206,6 +210,7 @@ impl Replayer {
             text: String::new(),
             calls: Vec::new(),
             results: Vec::new(),
+            denied: BTreeSet::new(),
             open: false,
         }
     }
@@ -233,11 +238,19 @@ impl Replayer {
                     name,
                     arguments,
                     ..
-                } => self.calls.push(ToolCall::new(
-                    call_id.clone(),
-                    name.clone(),
-                    arguments.clone(),
-                )),
+                } => {
+                    let call = ToolCall::new(call_id.clone(), name.clone(), arguments.clone());
+                    // Screened before it runs, as the loop does.
+                    if self.detectors.denies()
+                        && let Some(verdict) = self.detectors.screen(&call)
+                    {
+                        if matches!(verdict, Verdict::Deny(_)) {
+                            self.denied.insert(call_id.clone());
+                        }
+                        self.fire(verdict);
+                    }
+                    self.calls.push(call);
+                }
                 AgentEvent::ToolCallFinished {
                     call_id,
                     name,
@@ -251,7 +264,7 @@ impl Replayer {
                         content: result.clone(),
                         is_error: *is_error,
                     });
-                    if *is_error {
+                    if *is_error && !self.denied.contains(call_id) {
                         self.error(at);
                     }
                 }
@@ -299,9 +312,11 @@ impl Replayer {
         record_inference(&mut self.stats, InferenceRecord::Succeeded(&response), at);
         self.guard_check();
         let results = std::mem::take(&mut self.results);
+        let denied = std::mem::take(&mut self.denied);
         let pairs: Vec<(&ToolCall, &ToolResult)> = response
             .tool_calls
             .iter()
+            .filter(|c| !denied.contains(&c.id))
             .filter_map(|c| results.iter().find(|r| r.call_id == c.id).map(|r| (c, r)))
             .collect();
         let records = CallRecord::of_round(&pairs);

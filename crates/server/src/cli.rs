@@ -124,8 +124,6 @@ fn block_on(command: impl Future<Output = ExitCode>) -> ExitCode {
     }
 }
 
-/// Loads a file, printing its errors (`FILE:LINE:COLUMN: message`) to
-/// `out` on failure.
 /// A new recording file in `dir`: `rein-<unix ms>-<pid>.jsonl`.
 fn recorder(dir: &Path) -> Result<(std::sync::Arc<dyn rein::events::EventSink>, PathBuf), String> {
     std::fs::create_dir_all(dir).map_err(|e| {
@@ -144,6 +142,8 @@ fn recorder(dir: &Path) -> Result<(std::sync::Arc<dyn rein::events::EventSink>, 
     Ok((std::sync::Arc::new(sink), path))
 }
 
+/// Loads a file, printing its errors (`FILE:LINE:COLUMN: message`) to
+/// `out` on failure.
 fn load(config: &Path, out: &mut dyn Write) -> Option<Deployment> {
     match Deployment::load(config) {
         Ok(d) => Some(d),

@@ -211,22 +211,34 @@ fn serve_prints_one_listening_line_and_sigterm_ends_runs_and_exits_zero() {
 
 #[test]
 fn serve_records_runs_and_replay_reports_where_each_condition_would_have_fired() {
-    // A model that calls the same (unknown) tool again and again.
+    // A model that calls the same (unknown) tool again and again (agent
+    // a), and one that answers at once (agent b).
     let looping = file(
         "record",
-        "providers:\n  p: { kind: scripted, responses: [ { tool_calls: [ { name: lookup, arguments: { q: rust } } ] } ] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m, max_rounds: 6 }\n",
+        "providers:\n  p: { kind: scripted, responses: [ { tool_calls: [ { name: lookup, arguments: { q: rust } } ] } ] }\n  q: { kind: scripted, responses: [ { text: fine } ] }\nmodels:\n  m: { provider: p, model: x }\n  n: { provider: q, model: y }\nagents:\n  - { id: a, model_id: m, max_rounds: 6 }\n  - { id: b, model_id: n }\n",
     );
     let dir = looping.parent().unwrap().join("recordings");
     let _ = std::fs::remove_dir_all(&dir);
     let (mut child, _, url) = serve(&["--record".as_ref(), dir.as_os_str()], &looping);
     let addr = url.trim_start_matches("http://").to_owned();
-    let body = r#"{"messages":[{"role":"user","content":"look it up"}]}"#;
-    let mut post = std::net::TcpStream::connect(&addr).unwrap();
-    write!(post, "POST /v1/threads/t/runs?wait=true HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut answer = String::new();
-    std::io::Read::read_to_string(&mut post, &mut answer).unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let wait = |thread: &str, body: &str| {
+        let mut post = std::net::TcpStream::connect(&addr).unwrap();
+        write!(post, "POST /v1/threads/{thread}/runs?wait=true HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).unwrap();
+        let mut answer = String::new();
+        std::io::Read::read_to_string(&mut post, &mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        answer
+    };
+    let answer = wait(
+        "t",
+        r#"{"agent_id":"a","messages":[{"role":"user","content":"look it up"}]}"#,
+    );
     assert!(answer.contains("max_rounds"), "{answer}");
+    let answer = wait(
+        "u",
+        r#"{"agent_id":"b","messages":[{"role":"user","content":"all well?"}]}"#,
+    );
+    assert!(answer.contains("natural_end"), "{answer}");
     signal(child.id(), "TERM");
     assert_eq!(child.wait().unwrap().code(), Some(0));
     let recordings: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -271,8 +283,14 @@ fn serve_records_runs_and_replay_reports_where_each_condition_would_have_fired()
         !table.contains("max_rounds         fired"),
         "10 rounds were never reached: {table}"
     );
+    // Over both runs: the loop fired in one of two.
+    assert!(table.contains("2 runs replayed"), "{table}");
     assert!(
-        table.contains("tool_call_loop     fired in 1/1 runs (1 firings)"),
+        table.contains("run run-2 (1 rounds, ended natural_end)\n  nothing would have fired"),
+        "{table}"
+    );
+    assert!(
+        table.contains("tool_call_loop     fired in 1/2 runs (1 firings)"),
         "{table}"
     );
 
@@ -283,8 +301,9 @@ fn serve_records_runs_and_replay_reports_where_each_condition_would_have_fired()
         .output()
         .unwrap();
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(json["summary"]["runs"], 1);
+    assert_eq!(json["summary"]["runs"], 2);
     assert_eq!(json["summary"]["codes"]["tool_call_loop"]["runs"], 1);
+    assert_eq!(json["summary"]["codes"]["tool_call_loop"]["firings"], 1);
     assert_eq!(json["runs"][0]["firings"][0]["round"], 3);
 
     // The committed fixture (recorded the same way) replays the same.

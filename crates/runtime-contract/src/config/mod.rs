@@ -618,12 +618,54 @@ impl<'de> DeserializeSeed<'de> for AgentSpecSeed<'_> {
     }
 }
 
-/// `escalation:`, checked as [`crate::escalation::deserialize_escalation`].
-struct EscalationSeed(std::collections::BTreeMap<String, crate::escalation::Ladder>);
+/// `escalation:`, checked as
+/// [`crate::escalation::deserialize_escalation_listed`] against the
+/// agent's stop-condition kinds.
+struct EscalationSeed<'k>(&'k [&'k str]);
 
-impl<'de> Deserialize<'de> for EscalationSeed {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        crate::escalation::deserialize_escalation(d).map(Self)
+impl<'de> DeserializeSeed<'de> for EscalationSeed<'_> {
+    type Value = std::collections::BTreeMap<String, crate::escalation::Ladder>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        crate::escalation::deserialize_escalation_listed(d, self.0)
+    }
+}
+
+/// `tool_rules:`, refused at its mapping when no tool-call loop detector
+/// is listed ([`crate::escalation::check_tool_rules_listed`]).
+struct ToolRulesSeed<'k>(&'k [&'k str]);
+
+impl<'de> DeserializeSeed<'de> for ToolRulesSeed<'_> {
+    type Value = std::collections::BTreeMap<String, crate::escalation::ToolLoopRule>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ToolRulesSeed<'_> {
+    type Value = std::collections::BTreeMap<String, crate::escalation::ToolLoopRule>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a map from tool name to rule")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut rules = Self::Value::new();
+        while let Some(tool) = map.next_key::<String>()? {
+            // Checked at the first tool, for the position.
+            if rules.is_empty() {
+                crate::escalation::check_tool_rules_listed(&tool, self.0)
+                    .map_err(de::Error::custom)?;
+            }
+            let rule = map.next_value()?;
+            if rules.insert(tool.clone(), rule).is_some() {
+                return Err(de::Error::custom(format!(
+                    "tool_rules: \"{tool}\" is given twice"
+                )));
+            }
+        }
+        Ok(rules)
     }
 }
 
@@ -640,6 +682,7 @@ impl<'de> Visitor<'de> for AgentSpecVisitor<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let listed: Vec<&str> = self.kinds.iter().flatten().map(String::as_str).collect();
         let mut id: Option<String> = None;
         let mut spec = AgentSpec::new("");
         let mut extra = Vec::new();
@@ -660,8 +703,8 @@ impl<'de> Visitor<'de> for AgentSpecVisitor<'_> {
                 }
                 "tool_choice" => spec.tool_choice = map.next_value::<ToolChoice>()?,
                 "context" => spec.context = Some(map.next_value()?),
-                "escalation" => spec.escalation = map.next_value::<EscalationSeed>()?.0,
-                "tool_rules" => spec.tool_rules = map.next_value()?,
+                "escalation" => spec.escalation = map.next_value_seed(EscalationSeed(&listed))?,
+                "tool_rules" => spec.tool_rules = map.next_value_seed(ToolRulesSeed(&listed))?,
                 other => extra.push((other, map.next_value::<serde_yaml::Value>()?)),
             }
         }

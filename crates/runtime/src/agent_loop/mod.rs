@@ -230,9 +230,6 @@ struct Run {
     overflow_retried: bool,
 }
 
-/// Sends `event` to `sink`, containing a panic in the sink: a sink that
-/// panics loses that event (it is logged) and changes nothing else about
-/// the run.
 /// The `detected` event of a detection that took the step `action`.
 fn detected_event(id: &RunIdentity, reason: &StoppedReason, action: &str) -> AgentEvent {
     AgentEvent::Detected {
@@ -244,6 +241,9 @@ fn detected_event(id: &RunIdentity, reason: &StoppedReason, action: &str) -> Age
     }
 }
 
+/// Sends `event` to `sink`, containing a panic in the sink: a sink that
+/// panics loses that event (it is logged) and changes nothing else about
+/// the run.
 pub(crate) fn emit_guarded(sink: &dyn EventSink, event: AgentEvent) {
     let delivered = std::panic::catch_unwind(AssertUnwindSafe(|| sink.emit(event)));
     if let Err(payload) = delivered {

@@ -117,6 +117,10 @@ fn hint(reason: &TerminationReason, report: &StopReport) -> Option<String> {
                 "the `{}` detector stopped a run going nowhere: change the instructions, tools or arguments before continuing, or give it a gentler escalation ladder",
                 r.code
             )),
+            "awaiting_user" => Some(
+                "the model asked the user something: answer it in a new message on this thread to continue"
+                    .to_owned(),
+            ),
             _ => None,
         },
     };
