@@ -286,14 +286,19 @@ fn ladders_rules_and_the_new_conditions_load_from_yaml_with_positions() {
     assert!(e.starts_with("line 3, column"), "{e}");
     assert!(e.contains("auto_nudges must be at most 100"), "{e}");
     let loops = "id: a\nstop_conditions:\n  - { type: tool_call_loop }\n";
-    let e = error(&format!("{loops}tool_rules:\n  write_file: {{ threshold: 1 }}\n"));
+    let e = error(&format!(
+        "{loops}tool_rules:\n  write_file: {{ threshold: 1 }}\n"
+    ));
     assert!(e.starts_with("line 5"), "{e}");
     assert!(e.contains("out of range"), "{e}");
     // What `build()` also refuses is refused at loading, where it stands.
-    let e = error("id: a\nstop_conditions:\n  - { type: stuck }\nescalation:\n  no_progress: [stop]\n");
+    let e =
+        error("id: a\nstop_conditions:\n  - { type: stuck }\nescalation:\n  no_progress: [stop]\n");
     assert!(e.starts_with("line 5, column"), "{e}");
     assert!(
-        e.contains("a ladder is set for `no_progress`, but no `no_progress` stop condition is listed"),
+        e.contains(
+            "a ladder is set for `no_progress`, but no `no_progress` stop condition is listed"
+        ),
         "{e}"
     );
     let e = error("id: a\ntool_rules:\n  write_file: { threshold: 2 }\n");
@@ -382,7 +387,10 @@ async fn a_cycle_of_two_tools_is_nudged_then_stopped_by_its_ladder() {
         .filter(|e| matches!(e, AgentEvent::Nudge { .. }))
         .count();
     assert_eq!(nudges, 1, "the first detection nudges, the next stops");
-    assert!(runs.load(Ordering::SeqCst) > 4, "it went on after the nudge");
+    assert!(
+        runs.load(Ordering::SeqCst) > 4,
+        "it went on after the nudge"
+    );
 }
 
 #[tokio::test]

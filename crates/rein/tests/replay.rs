@@ -96,8 +96,8 @@ fn a_line_that_is_not_a_recorded_event_is_named() {
 
 #[tokio::test]
 async fn a_deny_ladder_replays_as_the_live_run_applies_it() {
-    use rein::contract::event::AgentEvent;
     use EscalationAction::{Deny, Stop};
+    use rein::contract::event::AgentEvent;
     let ladder = Ladder::new(vec![
         EscalationStep::new(Deny, 2),
         EscalationStep::new(Stop, 1),
@@ -126,7 +126,10 @@ async fn a_deny_ladder_replays_as_the_live_run_applies_it() {
         .build()
         .unwrap();
     let sink = Arc::new(CollectingSink::new());
-    let result = runtime.run(user("t", "find a crate"), sink.clone()).await.unwrap();
+    let result = runtime
+        .run(user("t", "find a crate"), sink.clone())
+        .await
+        .unwrap();
     let mut round = 0;
     let mut live: Vec<(u32, String, String)> = Vec::new();
     for event in sink.events() {
@@ -146,11 +149,7 @@ async fn a_deny_ladder_replays_as_the_live_run_applies_it() {
     assert_eq!(replayed, live);
     // The call the ladder denied is refused before it runs, in both.
     assert!(
-        replayed
-            .iter()
-            .filter(|(_, _, a)| a == "deny")
-            .count()
-            == 2,
+        replayed.iter().filter(|(_, _, a)| a == "deny").count() == 2,
         "{replayed:?}"
     );
 }
