@@ -52,6 +52,37 @@ fn recording(
     (executor, seen)
 }
 
+/// The listings a prompt holds whole (not as references).
+fn whole_listings(request: &InferenceRequest) -> usize {
+    request
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool && m.content.starts_with("line 0001"))
+        .count()
+}
+
+/// A provider's context-length refusal.
+fn too_long() -> ScriptedResponse {
+    ScriptedResponse::error(InferenceError::new(
+        InferenceErrorKind::ContextOverflow,
+        "prompt is too long",
+    ))
+}
+
+/// A model that reads a listing `calls` times, then answers, behind a
+/// "provider" that refuses any prompt holding `max` whole listings.
+fn refusing(max: usize, calls: usize) -> (ScriptedExecutor, Seen) {
+    recording(move |n, request| {
+        if whole_listings(request) >= max {
+            too_long()
+        } else if n < calls {
+            ScriptedResponse::tool_call("big", json!({"n": n}))
+        } else {
+            ScriptedResponse::text("done")
+        }
+    })
+}
+
 fn is_reference(m: &Message) -> bool {
     m.role == Role::Tool && m.content.starts_with("[tool result offloaded to artifact")
 }
@@ -69,6 +100,19 @@ async fn run(
         .unwrap();
     let result = runtime.run(user("t", "go"), sink.clone()).await.unwrap();
     (result, sink.events())
+}
+
+/// [`run`] on a fresh store, with `policy` on the test agent.
+async fn run_with(
+    executor: ScriptedExecutor,
+    policy: ContextPolicy,
+) -> (AgentRunResult, Vec<AgentEvent>) {
+    run(
+        executor,
+        spec().with_context(policy),
+        Arc::new(InMemoryThreadStore::new()),
+    )
+    .await
 }
 
 #[tokio::test]
@@ -275,24 +319,7 @@ async fn over_summarize_at_older_rounds_are_replaced_by_a_summary_counted_in_usa
 #[tokio::test]
 async fn a_context_length_error_is_answered_by_compacting_and_one_retry() {
     // The "provider" refuses any prompt holding two whole listings.
-    let (executor, seen) = recording(|n, request| {
-        let whole = request
-            .messages
-            .iter()
-            .filter(|m| m.role == Role::Tool && m.content.starts_with("line 0001"))
-            .count();
-        if whole >= 2 {
-            return ScriptedResponse::error(InferenceError::new(
-                InferenceErrorKind::ContextOverflow,
-                "prompt is too long",
-            ));
-        }
-        if n < 3 {
-            ScriptedResponse::tool_call("big", json!({"n": n}))
-        } else {
-            ScriptedResponse::text("done")
-        }
-    });
+    let (executor, seen) = refusing(2, 3);
     let policy = ContextPolicy::new(1_000_000).with_compact(0.9, 3);
     let store = Arc::new(InMemoryThreadStore::new());
     let (result, events) = run(executor, spec().with_context(policy), store).await;
@@ -323,12 +350,7 @@ async fn an_overflow_that_cannot_be_reduced_stops_with_context_window_and_the_nu
     ))])
     .repeat_last();
     let policy = ContextPolicy::new(4096).with_compact(0.7, 2);
-    let (result, _) = run(
-        executor,
-        spec().with_context(policy),
-        Arc::new(InMemoryThreadStore::new()),
-    )
-    .await;
+    let (result, _) = run_with(executor, policy).await;
     match &result.termination {
         TerminationReason::Stopped(r) => {
             assert_eq!(r.code, "context_window");
@@ -726,14 +748,6 @@ impl Tool for Tagged {
     }
 }
 
-fn whole_listings(request: &InferenceRequest) -> usize {
-    request
-        .messages
-        .iter()
-        .filter(|m| m.role == Role::Tool && m.content.starts_with("line 0001"))
-        .count()
-}
-
 #[tokio::test]
 async fn a_refused_prompt_is_a_round_that_counts_toward_max_rounds() {
     // Round 1 reads a listing; round 2's prompt is refused. With two
@@ -741,10 +755,7 @@ async fn a_refused_prompt_is_a_round_that_counts_toward_max_rounds() {
     // at max_rounds, naming the error, and never retries.
     let (executor, seen) = recording(|n, _| match n {
         0 => ScriptedResponse::tool_call("big", json!({})),
-        _ => ScriptedResponse::error(InferenceError::new(
-            InferenceErrorKind::ContextOverflow,
-            "prompt is too long",
-        )),
+        _ => too_long(),
     });
     let policy = ContextPolicy::new(1_000_000).with_compact(0.9, 3);
     let agent = spec().with_context(policy).with_max_rounds(2);
@@ -768,26 +779,9 @@ async fn a_refused_prompt_is_a_round_that_counts_toward_max_rounds() {
 
 #[tokio::test]
 async fn a_recovered_overflow_counts_its_refused_attempt_as_a_retried_round() {
-    let (executor, seen) = recording(|n, request| {
-        if whole_listings(request) >= 2 {
-            return ScriptedResponse::error(InferenceError::new(
-                InferenceErrorKind::ContextOverflow,
-                "prompt is too long",
-            ));
-        }
-        if n < 2 {
-            ScriptedResponse::tool_call("big", json!({"n": n}))
-        } else {
-            ScriptedResponse::text("done")
-        }
-    });
+    let (executor, seen) = refusing(2, 2);
     let policy = ContextPolicy::new(1_000_000).with_compact(0.9, 3);
-    let (result, events) = run(
-        executor,
-        spec().with_context(policy),
-        Arc::new(InMemoryThreadStore::new()),
-    )
-    .await;
+    let (result, events) = run_with(executor, policy).await;
     assert_eq!(result.termination, TerminationReason::NaturalEnd);
     let requests = seen.lock().unwrap().len();
     assert_eq!(requests, 4, "two listings, one refusal, the retry");
@@ -811,10 +805,7 @@ async fn an_overflow_is_also_answered_by_a_summary_when_one_is_configured() {
             return ScriptedResponse::text(SUMMARY).with_usage(50, 5);
         }
         if whole_listings(request) >= 3 {
-            return ScriptedResponse::error(InferenceError::new(
-                InferenceErrorKind::ContextOverflow,
-                "prompt is too long",
-            ));
+            return too_long();
         }
         if n < 3 {
             ScriptedResponse::text(format!("reading {n}")).with_tool_call("big", json!({"n": n}))
@@ -825,12 +816,7 @@ async fn an_overflow_is_also_answered_by_a_summary_when_one_is_configured() {
     // Thresholds the run never reaches on its own: only the refusal
     // reduces the prompt.
     let policy = ContextPolicy::new(1_000_000).with_summarize(SummarizePolicy::new(0.99));
-    let (result, events) = run(
-        executor,
-        spec().with_context(policy),
-        Arc::new(InMemoryThreadStore::new()),
-    )
-    .await;
+    let (result, events) = run_with(executor, policy).await;
     assert_eq!(result.termination, TerminationReason::NaturalEnd);
     assert!(events.iter().any(|e| matches!(
         e,
@@ -859,12 +845,7 @@ async fn a_result_under_min_tokens_stays_in_the_prompt_as_it_is() {
     });
     // The listing is about 1 800 tokens: under the threshold.
     let policy = ContextPolicy::new(100_000).with_offload(5_000);
-    let (result, events) = run(
-        executor,
-        spec().with_context(policy),
-        Arc::new(InMemoryThreadStore::new()),
-    )
-    .await;
+    let (result, events) = run_with(executor, policy).await;
     assert_eq!(result.termination, TerminationReason::NaturalEnd);
     let seen = seen.lock().unwrap().clone();
     let last = seen[1].messages.last().unwrap();

@@ -412,10 +412,38 @@ async fn a_wrong_port_is_a_retryable_connection_error_and_consecutive_errors_sto
 /// Each request sent, with the input tokens the provider reported for it.
 type RequestLog = Arc<Mutex<Vec<(rein::contract::inference::InferenceRequest, Option<u64>)>>>;
 
+/// An agent with `policy` on the local model (24 output tokens, no tools
+/// unless a request forces one), behind `executor`.
+fn context_runtime(
+    executor: Recording,
+    policy: rein::context::ContextPolicy,
+) -> AgentRuntimeBuilder {
+    let agent = spec()
+        .with_model_id("smollm2")
+        .with_tool_choice(ToolChoice::None)
+        .with_context(policy);
+    AgentRuntimeBuilder::new()
+        .with_agent_spec(agent)
+        .with_model(model(24))
+        .with_provider("local", Arc::new(executor))
+}
+
 /// Records each request and the input tokens the provider reported for it.
 struct Recording {
     inner: GenaiExecutor,
     log: RequestLog,
+}
+
+impl Recording {
+    /// The local server, non-streaming (it reports usage only then).
+    fn local(url: String) -> (Self, RequestLog) {
+        let log = RequestLog::default();
+        let executor = Self {
+            inner: GenaiExecutor::openai_compatible(url, None).with_streaming(false),
+            log: log.clone(),
+        };
+        (executor, log)
+    }
 }
 
 #[async_trait::async_trait]
@@ -466,24 +494,11 @@ async fn a_thread_several_times_the_window_fits_a_small_context_and_the_estimate
         return;
     };
     let window: u64 = 2048; // the local server's n_ctx
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let executor = Recording {
-        inner: GenaiExecutor::openai_compatible(url, None).with_streaming(false),
-        log: log.clone(),
-    };
+    let (executor, log) = Recording::local(url);
     let policy = rein::context::ContextPolicy::new(window)
         .with_reserve_output_tokens(24)
         .with_summarize(rein::context::SummarizePolicy::new(0.6).with_keep_last_rounds(1));
-    let agent = spec()
-        .with_model_id("smollm2")
-        .with_tool_choice(ToolChoice::None)
-        .with_context(policy);
-    let rt = AgentRuntimeBuilder::new()
-        .with_agent_spec(agent)
-        .with_model(model(24))
-        .with_provider("local", Arc::new(executor))
-        .build()
-        .unwrap();
+    let rt = context_runtime(executor, policy).build().unwrap();
     let sink = Arc::new(CollectingSink::new());
     let parts = 9;
     for part in 0..parts {
@@ -582,24 +597,13 @@ async fn tool_results_several_times_the_window_are_offloaded_and_every_run_compl
         return;
     };
     let window: u64 = 2048; // the local server's n_ctx
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let executor = Recording {
-        inner: GenaiExecutor::openai_compatible(url, None).with_streaming(false),
-        log: log.clone(),
-    };
+    let (executor, log) = Recording::local(url);
     let artifacts = Arc::new(rein::context::InMemoryArtifactStore::new());
     let policy = rein::context::ContextPolicy::new(window)
         .with_reserve_output_tokens(24)
         .with_offload(300)
         .with_compact(0.7, 1);
-    let agent = spec()
-        .with_model_id("smollm2")
-        .with_tool_choice(ToolChoice::None)
-        .with_context(policy);
-    let rt = AgentRuntimeBuilder::new()
-        .with_agent_spec(agent)
-        .with_model(model(24))
-        .with_provider("local", Arc::new(executor))
+    let rt = context_runtime(executor, policy)
         .with_tool("read_log", Arc::new(ReadLog(AtomicUsize::new(0))))
         .with_artifact_store(artifacts.clone())
         .build()
