@@ -192,7 +192,12 @@ impl PgThreadStore {
     /// The store failed (or, fenced, the thread is not held).
     pub async fn repair_lost(&self, thread_id: &str) -> Result<usize, ThreadStoreError> {
         let mut history = self.load(thread_id).await?;
-        let added = rein_runtime::history::repair(&mut history, 0, LOST_WORKER_NOTE);
+        let added = rein_runtime::history::repair_with_status(
+            &mut history,
+            0,
+            LOST_WORKER_NOTE,
+            rein_runtime_contract::lifecycle::ToolCallStatus::MayHaveCompleted,
+        );
         if added > 0 {
             self.replace(thread_id, &history).await?;
         }

@@ -150,3 +150,36 @@ async fn a_runtime_on_the_store_keeps_its_threads_across_runtimes() {
     let texts: Vec<&str> = history.iter().map(|m| m.content.as_str()).collect();
     assert_eq!(texts, vec!["one", "first answer", "two", "second answer"]);
 }
+
+#[tokio::test]
+async fn a_lost_run_s_open_calls_are_answered_as_may_have_completed() {
+    let Some(url) = url() else { return };
+    let store = PgThreadStore::new(rein_postgres::connect(&url).await.unwrap());
+    let t = thread("lost-calls");
+    let calls = vec![
+        rein::contract::message::ToolCall::new("c1", "send_mail", json!({})),
+        rein::contract::message::ToolCall::new("c2", "search", json!({})),
+    ];
+    store
+        .append(
+            &t,
+            &[
+                Message::user("go"),
+                Message::assistant_with_tools("", calls),
+                Message::tool("c1", "sent"),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.repair_lost(&t).await.unwrap(), 1);
+    let history = store.load(&t).await.unwrap();
+    let repaired = history.last().unwrap();
+    assert_eq!(repaired.tool_call_id.as_deref(), Some("c2"));
+    assert_eq!(repaired.content, rein_postgres::LOST_WORKER_NOTE);
+    assert_eq!(
+        repaired.tool_status,
+        Some(rein::contract::lifecycle::ToolCallStatus::MayHaveCompleted)
+    );
+    assert_eq!(history[2].tool_status, None, "a completed call has none");
+    store.delete(&t).await.unwrap();
+}

@@ -180,6 +180,19 @@ async fn a_cancel_records_read_only_calls_as_interrupted_and_others_as_may_have_
         results[1].1.contains("— may_have_completed: "),
         "{results:?}"
     );
+    // The same, structured, on the result messages themselves.
+    let statuses: Vec<Option<ToolCallStatus>> = history
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(|m| m.tool_status)
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            Some(ToolCallStatus::Interrupted),
+            Some(ToolCallStatus::MayHaveCompleted)
+        ]
+    );
 }
 
 #[tokio::test]
@@ -206,6 +219,19 @@ async fn calls_a_stop_leaves_unrun_are_not_started_and_the_run_stays_resumable()
     assert!(tool_results(&history).iter().all(|r| {
         r.1.ends_with("— not_started: the call never began, so it had no effect")
     }));
+    let tool_messages: Vec<&Message> = history.iter().filter(|m| m.role == Role::Tool).collect();
+    assert_eq!(tool_messages.len(), 2);
+    assert!(
+        tool_messages
+            .iter()
+            .all(|m| m.tool_status == Some(ToolCallStatus::NotStarted)),
+        "{tool_messages:?}"
+    );
+    // It is part of the stored JSON, and absent from a completed result.
+    let json = serde_json::to_value(tool_messages[0]).unwrap();
+    assert_eq!(json["tool_status"], "not_started");
+    let plain = serde_json::to_value(Message::tool("c", "ok")).unwrap();
+    assert!(plain.get("tool_status").is_none(), "{plain}");
 }
 
 #[tokio::test]

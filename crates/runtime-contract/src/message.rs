@@ -90,6 +90,11 @@ pub struct Message {
     /// content is kept exactly as far as it had streamed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interrupted: bool,
+    /// For a [`Role::Tool`] message answering a call that did not
+    /// complete normally: what became of it (its text says the same).
+    /// `None` for a call that completed (with a result or an error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_status: Option<crate::lifecycle::ToolCallStatus>,
 }
 
 impl Message {
@@ -100,6 +105,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: None,
             interrupted: false,
+            tool_status: None,
         }
     }
 

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 
+use rein_runtime_contract::lifecycle::ToolCallStatus;
 use rein_runtime_contract::message::{Message, Role};
 
 /// Appends a result for every tool call in `messages[from..]` that has none,
@@ -15,7 +16,18 @@ use rein_runtime_contract::message::{Message, Role};
 ///
 /// Calls before `from` are assumed answered (the caller validated them).
 pub fn repair(messages: &mut Vec<Message>, from: usize, note: &str) -> usize {
-    repair_calls(messages, from, note).len()
+    repair_calls(messages, from, note, None).len()
+}
+
+/// [`repair`], giving each added result the structured `status`
+/// ([`Message::tool_status`]) its `note` explains.
+pub fn repair_with_status(
+    messages: &mut Vec<Message>,
+    from: usize,
+    note: &str,
+    status: ToolCallStatus,
+) -> usize {
+    repair_calls(messages, from, note, Some(status)).len()
 }
 
 /// [`repair`], returning the calls it answered (id and tool name), in
@@ -24,6 +36,7 @@ pub(crate) fn repair_calls(
     messages: &mut Vec<Message>,
     from: usize,
     note: &str,
+    status: Option<ToolCallStatus>,
 ) -> Vec<(String, String)> {
     // Each assistant message with calls is answered by the tool messages
     // right after it (its block); ids are matched within the block, so an
@@ -60,7 +73,9 @@ pub(crate) fn repair_calls(
     // Insert from the back so earlier insertion points stay correct; calls of
     // one block keep their order because equal points are inserted in reverse.
     for (at, id, _) in missing.iter().rev() {
-        messages.insert(*at, Message::tool(id.clone(), note));
+        let mut result = Message::tool(id.clone(), note);
+        result.tool_status = status;
+        messages.insert(*at, result);
     }
     missing
         .into_iter()

@@ -837,7 +837,7 @@ impl Run {
             status.explanation()
         );
         let from = self.persisted;
-        for (id, name) in history::repair_calls(self.history_mut(), from, &note) {
+        for (id, name) in history::repair_calls(self.history_mut(), from, &note, Some(status)) {
             self.incomplete
                 .push(IncompleteToolCall::new(id, name, status));
         }

@@ -303,7 +303,14 @@ impl Run {
             if watch && !denied {
                 records.push(CallRecord::new(call, &result));
             }
-            self.history_mut().push(result.into_message());
+            let mut message = result.into_message();
+            if self.incomplete.len() > first_incomplete {
+                message.tool_status = self.incomplete[first_incomplete..]
+                    .iter()
+                    .find(|c| c.call_id == call.id)
+                    .map(|c| c.status);
+            }
+            self.history_mut().push(message);
         }
         if cancelled {
             return Err(self.cancelled_reason());
