@@ -571,6 +571,38 @@ impl PgRuns {
         .await
     }
 
+    /// The thread's runs this process claimed (`running` under its owner
+    /// name) that have no event yet, oldest first, as [`claim`](Self::claim)
+    /// returned them. After a claim that failed, one of them that this
+    /// process does not drive was claimed with the answer lost (the commit
+    /// succeeded, the reply did not arrive): it never started, and its
+    /// claimer starts it now.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn claimed_here(&self, thread_id: &str) -> Result<Vec<Claimed>, sqlx::Error> {
+        let rows: Vec<(String, String, Value, bool)> = sqlx::query_as(
+            "SELECT run_id, agent_id, messages, cancel_requested FROM rein_runs
+             WHERE thread_id = $1 AND status = 'running' AND worker = $2
+               AND NOT EXISTS (SELECT 1 FROM rein_events e WHERE e.run_id = rein_runs.run_id)
+             ORDER BY seq",
+        )
+        .bind(thread_id)
+        .bind(self.leases.owner())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(run_id, agent_id, messages, cancel_requested)| Claimed {
+                run_id,
+                agent_id,
+                messages,
+                cancel_requested,
+            })
+            .collect())
+    }
+
     /// The thread's queued runs, oldest first.
     ///
     /// # Errors

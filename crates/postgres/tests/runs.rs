@@ -159,3 +159,40 @@ async fn a_new_run_is_left_to_its_submitter_for_the_grace_then_counts_as_orphane
         "a thread with an unowned run older than the grace is not orphaned"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_answer_was_lost_is_found_again_until_it_starts() {
+    let Some(url) = url() else { return };
+    let mine = runs(&url, "claim-lost").await;
+    let t = thread("claim-lost");
+    mine.leases()
+        .acquire(&t)
+        .await
+        .unwrap()
+        .expect("a free thread");
+    let ids = [format!("{t}-run-1"), format!("{t}-run-2")];
+    submit_together(&mine, &t, &[(ids[0].clone(), None), (ids[1].clone(), None)]).await;
+    assert!(mine.claimed_here(&t).await.unwrap().is_empty());
+    // The claim commits; its answer is dropped, as a lost reply would be.
+    let claimed = mine.claim(&t, false).await.unwrap().unwrap();
+    assert_eq!(claimed.run_id, ids[0]);
+    drop(claimed);
+    let found = mine.claimed_here(&t).await.unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].run_id, ids[0]);
+    assert_eq!(
+        found[0].messages,
+        json!([{"role": "user", "content": "go"}])
+    );
+    // Once it has started (its first event is stored), it is not found.
+    let event = rein_postgres::StoredEvent {
+        seq: 1,
+        kind: "run_started".to_owned(),
+        data: "{}".to_owned(),
+    };
+    assert!(mine.append_events(&t, &ids[0], &[event]).await.unwrap());
+    assert!(mine.claimed_here(&t).await.unwrap().is_empty());
+    // Another owner's claims are not this process's.
+    let other = runs(&url, "claim-other").await;
+    assert!(other.claimed_here(&t).await.unwrap().is_empty());
+}

@@ -104,6 +104,10 @@ struct Pump {
     ready: AtomicBool,
     /// The thread was given up: this pump claims nothing more.
     closed: AtomicBool,
+    /// A claim failed: its commit may have succeeded with the answer lost,
+    /// leaving a run `running` here that nothing drives. The next step
+    /// looks for it first ([`PgRuns::claimed_here`]).
+    claim_failed: AtomicBool,
     active: Mutex<Option<Arc<RunEntry>>>,
 }
 
@@ -485,6 +489,22 @@ impl Service {
                 return pump.active().is_some();
             }
             let active = pump.active().is_some();
+            if pump.claim_failed.swap(false, Ordering::SeqCst) {
+                match self.claimed_unstarted(cluster, thread_id).await {
+                    Ok(Some(claimed)) => {
+                        // Started now, as its claim would have (through the
+                        // mailbox, which interrupts an active run).
+                        self.start_claimed(cluster, thread_id, pump, claimed).await;
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, thread_id, "could not look for a claimed run");
+                        pump.claim_failed.store(true, Ordering::SeqCst);
+                        return true;
+                    }
+                }
+            }
             let interrupting = pump.interrupt.swap(false, Ordering::SeqCst);
             if active && !interrupting && !poll {
                 return true;
@@ -494,10 +514,28 @@ impl Service {
                 Ok(None) => return active,
                 Err(error) => {
                     tracing::warn!(%error, thread_id, "could not claim the thread's next run");
+                    pump.claim_failed.store(true, Ordering::SeqCst);
                     return true;
                 }
             }
         }
+    }
+
+    /// A run this process claimed whose claim's answer was lost: `running`
+    /// here in the database, yet no entry here was ever driven for it.
+    async fn claimed_unstarted(
+        &self,
+        cluster: &Cluster,
+        thread_id: &str,
+    ) -> Result<Option<Claimed>, sqlx::Error> {
+        let claimed = cluster.runs.claimed_here(thread_id).await?;
+        Ok(claimed.into_iter().find(|c| {
+            !self
+                .inner
+                .records
+                .get(&c.run_id)
+                .is_some_and(|e| e.driven_here())
+        }))
     }
 
     /// Starts a claimed run (through the mailbox, which interrupts the
