@@ -573,7 +573,7 @@ impl PgRuns {
 
     /// The thread's runs this process claimed (`running` under its owner
     /// name) that have no event yet, oldest first, as [`claim`](Self::claim)
-    /// returned them. After a claim that failed, one of them that this
+    /// returned them; none while this process does not hold the thread. After a claim that failed, one of them that this
     /// process does not drive was claimed with the answer lost (the commit
     /// succeeded, the reply did not arrive): it never started, and its
     /// claimer starts it now.
@@ -582,6 +582,10 @@ impl PgRuns {
     ///
     /// The database failed.
     pub async fn claimed_here(&self, thread_id: &str) -> Result<Vec<Claimed>, sqlx::Error> {
+        // Only while the thread is held, as for a claim.
+        if self.fence(thread_id).is_none() {
+            return Ok(Vec::new());
+        }
         let rows: Vec<(String, String, Value, bool)> = sqlx::query_as(
             "SELECT run_id, agent_id, messages, cancel_requested FROM rein_runs
              WHERE thread_id = $1 AND status = 'running' AND worker = $2

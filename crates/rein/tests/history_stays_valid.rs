@@ -104,6 +104,48 @@ async fn unanswered_calls_in_the_input_are_answered_before_the_run() {
         history[1].content,
         "not run: this call had no result in the input"
     );
+    assert_eq!(
+        history[1].tool_status,
+        Some(rein::contract::lifecycle::ToolCallStatus::NotStarted)
+    );
+}
+
+#[tokio::test]
+async fn calls_a_lost_run_left_open_in_the_store_may_have_completed() {
+    // A store holding what a process that died mid-call left: a call and
+    // no result.
+    let store = Arc::new(rein::thread_store::InMemoryThreadStore::new());
+    rein::thread_store::ThreadStore::append(
+        &*store,
+        "t",
+        &[
+            Message::user("mail them"),
+            Message::assistant_with_tools("", vec![ToolCall::new("m1", "send_mail", json!({}))]),
+        ],
+    )
+    .await
+    .unwrap();
+    let model = ScriptedExecutor::new(vec![ScriptedResponse::text("ok")]);
+    let runtime = builder_with(model, spec())
+        .with_thread_store(store)
+        .build()
+        .unwrap();
+    runtime
+        .run_to_completion(RunRequest::new("t", vec![Message::user("again")]))
+        .await
+        .unwrap();
+    let history = runtime.thread_messages("t").await;
+    assert_history_valid(&history);
+    assert_eq!(history[2].tool_call_id.as_deref(), Some("m1"));
+    assert!(
+        history[2].content.contains("may or may not have run"),
+        "{}",
+        history[2].content
+    );
+    assert_eq!(
+        history[2].tool_status,
+        Some(rein::contract::lifecycle::ToolCallStatus::MayHaveCompleted)
+    );
 }
 
 #[derive(Debug, Clone)]

@@ -320,7 +320,9 @@ impl Replayer {
             .filter_map(|c| results.iter().find(|r| r.call_id == c.id).map(|r| (c, r)))
             .collect();
         let records = CallRecord::of_round(&pairs);
-        if !records.is_empty() {
+        // As the loop does for a round with calls, even when all were
+        // denied (no records).
+        if !response.tool_calls.is_empty() {
             for v in self.detectors.observe_tool_results_each(&records) {
                 self.fire(v);
             }

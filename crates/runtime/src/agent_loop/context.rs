@@ -203,10 +203,16 @@ impl Run {
         let window = context.setup.policy.as_ref().map(|p| p.window_tokens);
         self.context = Some(context);
         if reduced {
+            // Numbered like any retry: the refused attempt is counted in
+            // the failure streak.
+            let attempt = self
+                .state
+                .get::<StopStatsKey>()
+                .map_or(1, |s| s.consecutive_errors.max(1));
             self.emit(|| AgentEvent::InferenceRetry {
                 run_id: self.id.run_id.clone(),
                 thread_id: self.id.thread_id.clone(),
-                attempt: 1,
+                attempt,
                 error: error.to_string(),
                 delay_ms: 0,
             });

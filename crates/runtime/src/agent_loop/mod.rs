@@ -305,10 +305,13 @@ impl Run {
     async fn start(&mut self, input: Vec<Message>) -> Result<(), TerminationReason> {
         let thread = self.id.thread_id.clone();
         let mut history = self.store.load(&thread).await.map_err(store_failed)?;
-        if history::repair(
+        // Calls a previous run left open (its process stopped mid-call):
+        // nothing says whether they ran.
+        if history::repair_with_status(
             &mut history,
             0,
-            "not run: the run that requested this call ended without a result",
+            "error: the run that requested this call ended without recording its result; the call may or may not have run",
+            ToolCallStatus::MayHaveCompleted,
         ) > 0
         {
             self.store
@@ -319,10 +322,11 @@ impl Run {
         self.persisted = history.len();
         history.extend(input);
         let from = self.persisted;
-        history::repair(
+        history::repair_with_status(
             &mut history,
             from,
             "not run: this call had no result in the input",
+            ToolCallStatus::NotStarted,
         );
         self.request.messages = Arc::new(history);
         self.persist().await

@@ -4,7 +4,8 @@
 //!
 //! An artifact belongs to a thread and is named by an id unique within it
 //! (the runtime uses the id of the tool call whose result it holds, with a
-//! `~2`, `~3`, … suffix when a provider reused that id for another result),
+//! `~<hash of the text>` suffix when a provider reused that id for another
+//! result),
 //! so a model can read only its own thread's artifacts.
 
 use std::collections::HashMap;

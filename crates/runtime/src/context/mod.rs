@@ -577,14 +577,24 @@ impl ContextWindow {
     }
 }
 
-/// The most artifacts one call id can name in a thread (a provider that
-/// reuses ids); past it the result stays in the prompt.
-const MAX_ID_REUSE: usize = 1000;
+/// The most texts one hashed artifact id is tried for (a hash collision
+/// of different texts); past it the result stays in the prompt.
+const MAX_ID_REUSE: usize = 16;
+
+/// FNV-1a, 64 bits: a hash of an artifact's text that stays the same
+/// across builds and releases (ids are stored in histories' views).
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
 
 /// The artifact id for a result of call `call_id`: the call id itself,
 /// unless the thread already has a different text under it (a provider
-/// that reuses or leaves out call ids), then `call_id~2`, `call_id~3`, …
-/// — so an earlier reference never reads a later result. The same text
+/// that reuses or leaves out call ids), then `call_id~<hash of the text>`
+/// (and only if that is taken by yet another text, `call_id~<hash>~2`, …)
+/// — so an earlier reference never reads a later result, and finding an
+/// id takes two reads however often the call id was reused. The same text
 /// under the same id (offloaded again by a later run) keeps its id; the
 /// flag says it is stored already.
 async fn artifact_id(
@@ -593,10 +603,20 @@ async fn artifact_id(
     call_id: &str,
     text: &str,
 ) -> Result<(String, bool), ArtifactError> {
-    let base = if call_id.is_empty() { "call" } else { call_id };
+    if !call_id.is_empty() {
+        match store.get(thread_id, call_id).await? {
+            Some(stored) if stored != text => {}
+            stored => return Ok((call_id.to_owned(), stored.is_some())),
+        }
+    }
+    let base = format!(
+        "{}~{:016x}",
+        if call_id.is_empty() { "call" } else { call_id },
+        fnv1a(text)
+    );
     for n in 1..=MAX_ID_REUSE {
-        let id = if n == 1 && !call_id.is_empty() {
-            base.to_owned()
+        let id = if n == 1 {
+            base.clone()
         } else {
             format!("{base}~{n}")
         };
@@ -606,7 +626,7 @@ async fn artifact_id(
         }
     }
     Err(ArtifactError(format!(
-        "call id \"{call_id}\" names {MAX_ID_REUSE} different results in thread \"{thread_id}\"; the result stays in the prompt"
+        "call id \"{call_id}\": {MAX_ID_REUSE} different results of thread \"{thread_id}\" share one hash; the result stays in the prompt"
     )))
 }
 
