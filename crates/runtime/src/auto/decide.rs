@@ -54,7 +54,7 @@ pub(crate) struct RoundChecks<'a> {
     pub(crate) monologue: Option<&'a str>,
     /// The round stopped with `token_budget` because its next call would
     /// have exceeded what remained of the session's `maxTokens`.
-    pub(crate) budget_refused: Option<&'a str>,
+    pub(crate) budget_refused: bool,
     /// The round stopped with `awaiting_user` (its detail).
     pub(crate) awaiting_user: Option<&'a str>,
     /// Whether a "proceed, don't ask" nudge is left for such a round.
@@ -124,7 +124,7 @@ pub(crate) fn decide(
         // The contract's exact string in both cases; a refusal's detail
         // (what the next call would have needed) is the last run's
         // `token_budget` stop.
-        if session.tokens >= max || budget_refused.is_some() {
+        if session.tokens >= max || budget_refused {
             return stop(format!("token budget reached ({}/{max})", session.tokens));
         }
     }

@@ -294,15 +294,12 @@ impl AgentRuntime {
             };
             // The session's budget refused the round's next call (not the
             // agent's own `token_budget`, which replans as before).
-            let budget_refused = match &result.termination {
+            let budget_refused = matches!(
+                &result.termination,
                 TerminationReason::Stopped(r)
                     if r.code == "token_budget"
-                        && round_budget.is_some_and(|b| agent_budget.is_none_or(|a| b <= a)) =>
-                {
-                    Some(r.detail.as_str())
-                }
-                _ => None,
-            };
+                        && round_budget.is_some_and(|b| agent_budget.is_none_or(|a| b <= a))
+            );
             let awaiting_user = match &result.termination {
                 TerminationReason::Stopped(r) if r.code == "awaiting_user" => {
                     Some(r.detail.as_str())
