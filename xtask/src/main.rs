@@ -5,8 +5,9 @@
 //!   with every feature, so the `otel` exporter is checked too).
 //! - `local-llm start|stop|status|install`: a local OpenAI-compatible model
 //!   server for the live tests (see `local_llm`).
-//! - `postgres start|stop|restart|status`: a private PostgreSQL cluster for the
-//!   durable-mode tests (see `postgres`).
+//! - `postgres start [--private]|stop|restart|status`: a PostgreSQL cluster
+//!   for the durable-mode tests: the shared one, or with `--private` a fresh
+//!   one of its own that `stop` deletes (`.ci/run` uses it; see `postgres`).
 //! - `bench [NAME…] [--json PATH] [--tiny] [--timeout SECS]`: the benchmark
 //!   workloads (see `bench`).
 
@@ -156,8 +157,13 @@ commands:
   local-llm start [--port N] [--n-ctx N]|stop|status|install
                                        a local model server for the live tests; start prints
                                        REIN_LLM_BASE_URL=<url> as its last line
-  postgres start|stop|restart|status   a private PostgreSQL cluster (127.0.0.1, free port); start
-                                       prints REIN_DATABASE_URL=<url> as its last line
+  postgres start [--private]|stop|restart|status
+                                       a PostgreSQL cluster (127.0.0.1, free port); start
+                                       prints REIN_DATABASE_URL=<url> as its last line. Without
+                                       --private: the user's shared cluster, kept between runs.
+                                       --private: a fresh cluster of its own (for CI), also
+                                       printing REIN_PG_DIR=<dir>; with REIN_PG_DIR exported,
+                                       stop|restart|status act on it and stop deletes it
   bench [NAME...] [--json PATH] [--tiny] [--timeout SECS]
                                        release-mode benchmarks, median of 3 fresh processes,
                                        each killed after SECS (default 120); names: rounds
