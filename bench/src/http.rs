@@ -58,7 +58,7 @@ fn service(keep: usize) -> Service {
         .with_tool("echo", Arc::new(Echo))
         .build()
         .unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
-    Service::new(runtime, deployment.server.clone())
+    Service::new(runtime, deployment.server.service())
 }
 
 /// Serves `service` on a free loopback port; returns its base URL.
@@ -75,6 +75,7 @@ async fn serve(service: Service) -> String {
     tokio::spawn(rein_server::serve(
         listener,
         service,
+        rein_server::deployment::ServerSettings::default(),
         std::future::pending(),
     ));
     url
@@ -192,7 +193,7 @@ pub(crate) async fn retention(runs: usize, keep: usize) {
             messages: vec![Message::user("go")],
             strategy: Strategy::Interrupt,
             idempotency_key: Some(format!("k{i}")),
-            run_id: None,
+            ..Submission::default()
         };
         let service = service.clone();
         batch.push(tokio::spawn(async move {

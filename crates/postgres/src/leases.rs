@@ -19,8 +19,6 @@ pub struct Leases {
     owner: String,
     lease: Duration,
     held: DashMap<String, i64>,
-    /// Per held thread, the last cancel request seen.
-    cancels_seen: DashMap<String, i64>,
     /// Threads taken from an owner whose lease had expired (a lost
     /// process), until [`take_over`](Self::take_over) is asked.
     taken_over: dashmap::DashSet<String>,
@@ -35,7 +33,6 @@ impl Leases {
             owner: owner.into(),
             lease,
             held: DashMap::new(),
-            cancels_seen: DashMap::new(),
             taken_over: dashmap::DashSet::new(),
         })
     }
@@ -58,7 +55,7 @@ impl Leases {
     ///
     /// The database failed.
     pub async fn acquire(&self, thread_id: &str) -> Result<Option<i64>, sqlx::Error> {
-        let row: Option<(i64, i64, bool)> = sqlx::query_as(
+        let row: Option<(i64, bool)> = sqlx::query_as(
             "WITH previous AS (
                  SELECT owner IS NOT NULL AND owner <> $2 AND lease_until < now() AS lost
                  FROM rein_threads WHERE thread_id = $1
@@ -76,7 +73,7 @@ impl Leases {
              WHERE rein_threads.owner IS NULL
                 OR rein_threads.owner = EXCLUDED.owner
                 OR rein_threads.lease_until < now()
-             RETURNING fence, cancel_seq, COALESCE((SELECT lost FROM previous), false)",
+             RETURNING fence, COALESCE((SELECT lost FROM previous), false)",
         )
         .bind(thread_id)
         .bind(&self.owner)
@@ -84,22 +81,17 @@ impl Leases {
         .fetch_optional(&self.pool)
         .await?;
         match row {
-            Some((fence, cancels, lost)) => {
+            Some((fence, lost)) => {
                 if lost {
                     self.taken_over.insert(thread_id.to_owned());
                 }
                 self.held.insert(thread_id.to_owned(), fence);
-                // Requests made before this run do not cancel it.
-                self.cancels_seen
-                    .entry(thread_id.to_owned())
-                    .or_insert(cancels);
             }
             None => {
                 self.held.remove(thread_id);
-                self.cancels_seen.remove(thread_id);
             }
         }
-        Ok(row.map(|(fence, _, _)| fence))
+        Ok(row.map(|(fence, _)| fence))
     }
 
     /// Renews every lease held; returns the threads whose lease was lost
@@ -161,7 +153,6 @@ impl Leases {
     ///
     /// The database failed.
     pub async fn release(&self, thread_id: &str) -> Result<(), sqlx::Error> {
-        self.cancels_seen.remove(thread_id);
         let Some((_, fence)) = self.held.remove(thread_id) else {
             return Ok(());
         };
@@ -179,85 +170,6 @@ impl Leases {
         .execute(&self.pool)
         .await?;
         Ok(())
-    }
-
-    /// Asks the thread's owner, whichever process it is, to cancel the
-    /// thread's run (`NOTIFY rein_cancel`); `false` when nobody owns it.
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn request_cancel(&self, thread_id: &str) -> Result<bool, sqlx::Error> {
-        let owned: Option<i64> = sqlx::query_scalar(
-            "UPDATE rein_threads SET cancel_seq = cancel_seq + 1
-             WHERE thread_id = $1 AND owner IS NOT NULL AND lease_until > now()
-             RETURNING cancel_seq",
-        )
-        .bind(thread_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        if owned.is_some() {
-            sqlx::query("SELECT pg_notify('rein_cancel', $1)")
-                .bind(thread_id)
-                .execute(&self.pool)
-                .await?;
-        }
-        Ok(owned.is_some())
-    }
-
-    /// Whether some process owns the thread now.
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn is_owned(&self, thread_id: &str) -> Result<bool, sqlx::Error> {
-        let owned: Option<bool> = sqlx::query_scalar(
-            "SELECT owner IS NOT NULL AND lease_until > now() FROM rein_threads WHERE thread_id = $1",
-        )
-        .bind(thread_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(owned.unwrap_or(false))
-    }
-
-    /// The held threads with a cancel request not seen yet (each is
-    /// reported once).
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn cancel_requests(&self) -> Result<Vec<String>, sqlx::Error> {
-        let threads = self.held();
-        if threads.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT thread_id, cancel_seq FROM rein_threads WHERE thread_id = ANY($1)",
-        )
-        .bind(&threads)
-        .fetch_all(&self.pool)
-        .await?;
-        let mut requested = Vec::new();
-        for (thread, seq) in rows {
-            let mut seen = self.cancels_seen.entry(thread.clone()).or_insert(seq);
-            if seq > *seen {
-                *seen = seq;
-                requested.push(thread);
-            }
-        }
-        Ok(requested)
-    }
-
-    /// A listener of cancel requests' notifications (channel
-    /// `rein_cancel`, payload: the thread id).
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn listen(&self) -> Result<sqlx::postgres::PgListener, sqlx::Error> {
-        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
-        listener.listen("rein_cancel").await?;
-        Ok(listener)
     }
 
     /// Whether the database answers.

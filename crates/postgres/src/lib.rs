@@ -17,10 +17,9 @@
 //!   a process that lost its lease (it was paused, or cut off) writes
 //!   nothing — the database refuses it.
 //!
-//! - [`Leases::request_cancel`] asks a thread's owner, in whatever process,
-//!   to cancel its run (`NOTIFY rein_cancel`, polled as the safety net);
-//!   taking a thread from a lost process ([`Leases::take_over`]) is followed
-//!   by [`PgThreadStore::repair_lost`].
+//! - Taking a thread from a lost process ([`Leases::take_over`]) is
+//!   followed by [`PgThreadStore::repair_lost`] ([`Database::acquire`]
+//!   does both).
 //! - [`PgRuns`] is the runs every process shares: the inbox of submissions
 //!   (idempotency keys enforced by a unique index), the run records, and each
 //!   run's events — claimed, written and finished under the same fence.
@@ -30,17 +29,28 @@
 //!   [`ArtifactStore`](rein_runtime::context::ArtifactStore): the context
 //!   policy's offloaded tool results, readable from any process.
 //!
-//! `rein-server`'s distributed mode (its `cluster` and `ownership` modules)
-//! builds on these; `docs/distributed.md` describes the protocol.
+//! - [`Notification`] is what processes tell each other (`NOTIFY`), typed;
+//!   a [`Listener`] receives them.
+//! - [`Database`] bundles one process's leases, fenced store and runs.
+//!
+//! `rein-service`'s distributed mode builds on these; every SQL statement
+//! Rein runs is in this crate. `docs/distributed.md` describes the
+//! protocol.
 
 mod artifacts;
+mod database;
 mod inbox;
 mod leases;
+mod listing;
+mod notify;
 mod runs;
 mod store;
 
 pub use artifacts::PgArtifactStore;
+pub use database::Database;
 pub use leases::Leases;
+pub use listing::RunSpan;
+pub use notify::{Listener, Notification};
 pub use runs::{
     Claimed, NewRun, ORPHAN_GRACE, PgRuns, StoredEvent, StoredRun, SubmitOutcome, is_transient,
     retry,
@@ -49,6 +59,9 @@ pub use store::{LOST_WORKER_NOTE, PgThreadStore, WRITE_RETRY};
 
 #[doc(no_inline)]
 pub use rein_runtime::thread_store::ThreadStore;
+
+/// The database's errors (what every fallible call here returns).
+pub type Error = sqlx::Error;
 
 use std::time::Duration;
 

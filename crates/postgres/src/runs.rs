@@ -43,6 +43,10 @@ pub struct NewRun<'a> {
     pub idempotency_key: Option<&'a str>,
     /// The input messages (the contract's serde shape, as a JSON array).
     pub messages: &'a Value,
+    /// Client message ids (AG-UI) the submission records for its thread;
+    /// if any was recorded meanwhile the submission is refused with
+    /// [`SubmitOutcome::MessagesSeen`] (read them again and resubmit).
+    pub message_ids: &'a [String],
 }
 
 /// What [`PgRuns::submit`] did.
@@ -56,6 +60,9 @@ pub enum SubmitOutcome {
     Busy,
     /// The run id is taken.
     RunIdTaken,
+    /// Some of `message_ids` were recorded for the thread since the caller
+    /// read them: nothing was written.
+    MessagesSeen,
 }
 
 /// A run claimed by the thread's owner.
@@ -171,8 +178,8 @@ impl PgRuns {
     ///
     /// The database failed.
     pub async fn submit(&self, new: &NewRun<'_>) -> Result<SubmitOutcome, sqlx::Error> {
-        if new.reject_if_busy {
-            return self.submit_if_idle(new).await;
+        if new.reject_if_busy || !new.message_ids.is_empty() {
+            return crate::retry(crate::WRITE_RETRY, || self.submit_alone(new)).await;
         }
         let row = Row {
             run_id: new.run_id.to_owned(),
@@ -193,16 +200,33 @@ impl PgRuns {
             .await
     }
 
-    /// [`submit`](Self::submit) with `reject_if_busy`: one transaction
-    /// that takes the thread's turn, looks, and writes.
-    async fn submit_if_idle(&self, new: &NewRun<'_>) -> Result<SubmitOutcome, sqlx::Error> {
+    /// [`submit`](Self::submit) with `reject_if_busy` or message ids: one
+    /// transaction that takes the thread's turn, looks, and writes.
+    /// Retried through a restart: a run id found taken by a row with the
+    /// same thread and messages is this submission's own, committed by an
+    /// attempt whose answer was lost.
+    async fn submit_alone(&self, new: &NewRun<'_>) -> Result<SubmitOutcome, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        // Rejecting submissions to one thread take turns, so two of them
-        // cannot both find the thread idle.
+        // These submissions to one thread take turns, so two of them
+        // cannot both find the thread idle, or both record one message id.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
             .bind(new.thread_id)
             .execute(&mut *tx)
             .await?;
+        if !new.message_ids.is_empty() {
+            let recorded = sqlx::query(
+                "INSERT INTO rein_message_ids (thread_id, message_id)
+                 SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING",
+            )
+            .bind(new.thread_id)
+            .bind(new.message_ids)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if recorded < new.message_ids.len() as u64 {
+                return Ok(SubmitOutcome::MessagesSeen);
+            }
+        }
         if let Some(key) = new.idempotency_key {
             let seen: Option<String> = sqlx::query_scalar(
                 "SELECT run_id FROM rein_runs WHERE thread_id = $1 AND idempotency_key = $2",
@@ -215,12 +239,13 @@ impl PgRuns {
                 return Ok(SubmitOutcome::Duplicate(run_id));
             }
         }
-        let busy: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM rein_runs WHERE thread_id = $1 AND status <> 'finished')",
-        )
-        .bind(new.thread_id)
-        .fetch_one(&mut *tx)
-        .await?;
+        let busy: bool = new.reject_if_busy
+            && sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM rein_runs WHERE thread_id = $1 AND status <> 'finished')",
+            )
+            .bind(new.thread_id)
+            .fetch_one(&mut *tx)
+            .await?;
         if busy {
             return Ok(SubmitOutcome::Busy);
         }
@@ -261,7 +286,21 @@ impl PgRuns {
                 Ok(SubmitOutcome::Duplicate(run_id))
             }
             Err(sqlx::Error::Database(e)) if e.constraint() == Some("rein_runs_pkey") => {
-                Ok(SubmitOutcome::RunIdTaken)
+                drop(tx);
+                let mine: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM rein_runs
+                     WHERE run_id = $1 AND thread_id = $2 AND messages = $3)",
+                )
+                .bind(new.run_id)
+                .bind(new.thread_id)
+                .bind(new.messages)
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(if mine {
+                    SubmitOutcome::Queued
+                } else {
+                    SubmitOutcome::RunIdTaken
+                })
             }
             Err(e) => Err(e),
         }
@@ -636,54 +675,178 @@ impl PgRuns {
     }
 
     /// Threads with queued or running runs that no live process owns (their
-    /// owner released them, or its lease expired): work to take.
+    /// owner released them, or its lease expired): work to take, at most
+    /// 256 a scan.
     ///
     /// A thread whose oldest open run is younger than [`ORPHAN_GRACE`] is
     /// left to the process that submitted it, which takes the thread
     /// itself right after writing the run; the scan is for work whose
     /// submitter or owner is gone.
     ///
+    /// The scans are fair: they go round the orphaned threads in thread id
+    /// order, each starting after the last thread the previous scan of this
+    /// owner ([`Leases::owner`]) answered and wrapping around at the end.
+    /// So with `n` orphaned threads, each is answered within `⌈n/256⌉`
+    /// consecutive scans, whether or not the threads answered before it were
+    /// taken. (Scans that each started at the first thread id answered the
+    /// same 256 for as long as those stayed orphaned, and never the rest.)
+    /// Where an owner's scans are is kept in this process; a new process
+    /// starts at the first thread id.
+    ///
     /// # Errors
     ///
     /// The database failed.
     pub async fn orphaned(&self) -> Result<Vec<String>, sqlx::Error> {
-        // A loose scan of `rein_runs_open`: one index probe per thread
-        // with work, however many runs are queued on it.
-        sqlx::query_scalar(
-            "WITH RECURSIVE open(thread_id) AS (
-                 (SELECT thread_id FROM rein_runs WHERE status <> 'finished'
-                  ORDER BY thread_id LIMIT 1)
-                 UNION ALL
-                 SELECT (SELECT r.thread_id FROM rein_runs r
-                         WHERE r.status <> 'finished' AND r.thread_id > open.thread_id
-                         ORDER BY r.thread_id LIMIT 1)
-                 FROM open WHERE open.thread_id IS NOT NULL
-             )
-             SELECT o.thread_id FROM open o
-             LEFT JOIN rein_threads t ON t.thread_id = o.thread_id
-             WHERE o.thread_id IS NOT NULL
-               AND (t.thread_id IS NULL OR t.owner IS NULL OR t.lease_until < now())
-               AND (SELECT r.created_at FROM rein_runs r
-                    WHERE r.thread_id = o.thread_id AND r.status <> 'finished'
-                    ORDER BY r.seq LIMIT 1) < now() - make_interval(secs => $1)
-             LIMIT 256",
-        )
-        .bind(ORPHAN_GRACE.as_secs_f64())
-        .fetch_all(&self.pool)
-        .await
+        /// The most threads a scan answers.
+        const LIMIT: usize = 256;
+        /// A loose scan of `rein_runs_open` (one index probe per thread
+        /// with work, however many runs are queued on it) from a first
+        /// thread id on, keeping the orphaned threads (one probe of
+        /// `rein_threads` each), the first `$3` in thread id order: `$1`
+        /// the grace in seconds, `$2` the bound. The order is asked for:
+        /// the rows of a join (as this scan had) need not come in the
+        /// order of the scan, and then neither the limit nor the cursor
+        /// follow the ids.
+        macro_rules! scan {
+            ($first:literal, $step:literal, $last:literal) => {
+                concat!(
+                    "WITH RECURSIVE open(thread_id) AS (
+                         (SELECT thread_id FROM rein_runs WHERE status <> 'finished' ",
+                    $first,
+                    " ORDER BY thread_id LIMIT 1)
+                         UNION ALL
+                         SELECT (SELECT r.thread_id FROM rein_runs r
+                                 WHERE r.status <> 'finished' AND r.thread_id > open.thread_id
+                                 ORDER BY r.thread_id LIMIT 1)
+                         FROM open WHERE open.thread_id IS NOT NULL ",
+                    $step,
+                    "
+                     )
+                     SELECT o.thread_id FROM open o
+                     WHERE o.thread_id IS NOT NULL ",
+                    $last,
+                    "
+                       AND COALESCE((SELECT (t.owner IS NULL OR t.lease_until < now()) IS TRUE
+                                     FROM rein_threads t WHERE t.thread_id = o.thread_id), true)
+                       AND (SELECT r.created_at FROM rein_runs r
+                            WHERE r.thread_id = o.thread_id AND r.status <> 'finished'
+                            ORDER BY r.seq LIMIT 1) < now() - make_interval(secs => $1)
+                     ORDER BY o.thread_id
+                     LIMIT $3"
+                )
+            };
+        }
+        /// The threads after the cursor (`$2`).
+        const AFTER: &str = scan!("AND thread_id > $2", "", "");
+        /// The threads up to the cursor (`$2`, inclusive; `NULL`: all).
+        const UP_TO: &str = scan!(
+            "",
+            "AND ($2::text IS NULL OR open.thread_id < $2)",
+            "AND ($2::text IS NULL OR o.thread_id <= $2)"
+        );
+        /// Each owner's cursor: the last thread its previous scan answered.
+        /// Only where the next scan starts, so a lost one costs nothing but
+        /// one round's order.
+        static CURSORS: std::sync::Mutex<std::collections::BTreeMap<String, String>> =
+            std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+        let owner = self.leases.owner();
+        let cursor = CURSORS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(owner)
+            .cloned();
+        let grace = ORPHAN_GRACE.as_secs_f64();
+        let mut threads: Vec<String> = match &cursor {
+            Some(after) => {
+                sqlx::query_scalar(AFTER)
+                    .bind(grace)
+                    .bind(after)
+                    .bind(LIMIT as i64)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            None => Vec::new(),
+        };
+        if threads.len() < LIMIT {
+            // Round again from the first thread id, up to the cursor.
+            let more: Vec<String> = sqlx::query_scalar(UP_TO)
+                .bind(grace)
+                .bind(cursor.as_deref())
+                .bind((LIMIT - threads.len()) as i64)
+                .fetch_all(&self.pool)
+                .await?;
+            threads.extend(more);
+        }
+        if let Some(last) = threads.last() {
+            let mut cursors = CURSORS
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // A process has one owner; a test process has many, briefly.
+            if cursors.len() >= 1024 && !cursors.contains_key(owner) {
+                cursors.clear();
+            }
+            cursors.insert(owner.to_owned(), last.clone());
+        }
+        Ok(threads)
     }
 
-    /// Forgets the thread's idempotency keys (the thread was deleted).
+    /// Forgets the thread's idempotency keys and client message ids (the
+    /// thread was deleted).
     ///
     /// # Errors
     ///
     /// The database failed.
     pub async fn forget_keys(&self, thread_id: &str) -> Result<(), sqlx::Error> {
-        sqlx::query("UPDATE rein_runs SET idempotency_key = NULL WHERE thread_id = $1")
-            .bind(thread_id)
-            .execute(&self.pool)
-            .await
-            .map(|_| ())
+        sqlx::query(
+            "WITH ids AS (DELETE FROM rein_message_ids WHERE thread_id = $1)
+             UPDATE rein_runs SET idempotency_key = NULL WHERE thread_id = $1",
+        )
+        .bind(thread_id)
+        .execute(&self.pool)
+        .await
+        .map(|_| ())
+    }
+
+    /// Which of `ids` the thread has recorded (client message ids, AG-UI).
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn seen_message_ids(
+        &self,
+        thread_id: &str,
+        ids: &[String],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT message_id FROM rein_message_ids WHERE thread_id = $1 AND message_id = ANY($2)",
+        )
+        .bind(thread_id)
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await
+    }
+
+    /// Records client message ids for the thread (those a run emitted, so
+    /// a client sending them back appends nothing).
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn remember_message_ids(
+        &self,
+        thread_id: &str,
+        ids: &[String],
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO rein_message_ids (thread_id, message_id)
+             SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING",
+        )
+        .bind(thread_id)
+        .bind(ids)
+        .execute(&self.pool)
+        .await
+        .map(|_| ())
     }
 
     /// Drops finished runs (and their events) older than `ttl`; returns

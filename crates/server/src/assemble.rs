@@ -17,10 +17,10 @@ use rein_mcp::{McpError, McpOptions, McpServer, McpTransport};
 use crate::deployment::{
     ArtifactsConfig, Deployment, MCP_TOOL_SEPARATOR, McpServerConfig, ProviderConfig, StoreConfig,
 };
-use crate::service::{LeaseOwnership, Ownership};
+use crate::service::Service;
 use rein::context::{ArtifactStore, DirArtifactStore};
 use rein::thread_store::ThreadStore;
-use rein_postgres::{Leases, PgArtifactStore, PgRuns, PgThreadStore};
+use rein_postgres::{Database, PgArtifactStore};
 
 /// Why a checked deployment could not be started.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -63,30 +63,21 @@ pub struct Assembled {
     pub runtime: AgentRuntime,
     /// The MCP servers, by id.
     pub mcp_servers: BTreeMap<String, Arc<McpServer>>,
-    /// With `store: postgres`: which threads this process may run.
-    pub ownership: Option<Arc<dyn Ownership>>,
-    /// With `store: postgres`: the runs (submissions, records, events)
-    /// every process shares.
-    pub runs: Option<PgRuns>,
+    /// With `store: postgres`: this process's handle on the database
+    /// (leases, the fenced store, the runs every process shares).
+    pub database: Option<Database>,
 }
 
 impl Assembled {
     /// The service over this deployment: distributed with `store:
     /// postgres`, in-process otherwise. Must be called within a tokio
     /// runtime.
-    pub fn service(&self, settings: crate::deployment::ServerSettings) -> crate::service::Service {
-        match (&self.ownership, &self.runs) {
-            (Some(ownership), Some(runs)) => crate::service::Service::distributed(
-                self.runtime.clone(),
-                settings,
-                ownership.clone(),
-                runs.clone(),
-            ),
-            _ => crate::service::Service::with_ownership(
-                self.runtime.clone(),
-                settings,
-                self.ownership.clone(),
-            ),
+    pub fn service(&self, settings: &crate::deployment::ServerSettings) -> Service {
+        match &self.database {
+            Some(database) => {
+                Service::distributed(self.runtime.clone(), settings.service(), database.clone())
+            }
+            None => Service::new(self.runtime.clone(), settings.service()),
         }
     }
 }
@@ -113,16 +104,16 @@ impl Assembled {
 pub async fn start(deployment: &Deployment) -> Result<Assembled, AssembleError> {
     let store = durable_store(deployment).await?;
     let mcp_servers = start_mcp(deployment).await?;
-    let ownership = store.as_ref().map(|s| s.ownership.clone());
-    let runs = store.as_ref().map(|s| s.runs.clone());
     let artifacts = artifact_store(deployment, store.as_ref());
-    let outcome = build(deployment, &mcp_servers, store.map(|s| s.store), artifacts);
+    let thread_store = store
+        .as_ref()
+        .map(|d| Arc::new(d.store().clone()) as Arc<dyn ThreadStore>);
+    let outcome = build(deployment, &mcp_servers, thread_store, artifacts);
     match outcome {
         Ok(runtime) => Ok(Assembled {
             runtime,
             mcp_servers,
-            ownership,
-            runs,
+            database: store,
         }),
         Err(e) => {
             for server in mcp_servers.values() {
@@ -133,34 +124,25 @@ pub async fn start(deployment: &Deployment) -> Result<Assembled, AssembleError> 
     }
 }
 
-/// What `store: postgres` brings.
-struct Durable {
-    store: Arc<dyn ThreadStore>,
-    ownership: Arc<dyn Ownership>,
-    runs: PgRuns,
-    pool: sqlx::PgPool,
-}
-
 /// The artifact store the deployment chooses (`artifacts:`, else with the
 /// threads); `None` keeps the runtime's in-memory default.
 fn artifact_store(
     deployment: &Deployment,
-    durable: Option<&Durable>,
+    durable: Option<&Database>,
 ) -> Option<Arc<dyn ArtifactStore>> {
     match (deployment.artifact_store(), durable) {
         (ArtifactsConfig::Memory, _) => None,
         (ArtifactsConfig::Dir { path }, _) => Some(Arc::new(DirArtifactStore::new(path))),
         (ArtifactsConfig::Postgres, Some(durable)) => {
-            Some(Arc::new(PgArtifactStore::new(durable.pool.clone())))
+            Some(Arc::new(PgArtifactStore::new(durable.pool().clone())))
         }
         // The file was checked: `artifacts: postgres` needs `store: postgres`.
         (ArtifactsConfig::Postgres, None) => None,
     }
 }
 
-/// With `store: postgres`: the fenced store, this process's ownership and
-/// the shared runs.
-async fn durable_store(deployment: &Deployment) -> Result<Option<Durable>, AssembleError> {
+/// With `store: postgres`: this process's handle on the database.
+async fn durable_store(deployment: &Deployment) -> Result<Option<Database>, AssembleError> {
     let StoreConfig::Postgres { url_env } = &deployment.store else {
         return Ok(None);
     };
@@ -182,17 +164,7 @@ async fn durable_store(deployment: &Deployment) -> Result<Option<Durable>, Assem
             .unwrap_or_default()
     );
     let lease = Duration::from_secs(deployment.server.lease_seconds.max(1));
-    let leases = Leases::new(pool.clone(), owner, lease);
-    let runs = PgRuns::new(pool.clone(), leases.clone());
-    let fenced = PgThreadStore::fenced(pool.clone(), leases.clone());
-    let store: Arc<dyn ThreadStore> = Arc::new(fenced.clone());
-    let ownership: Arc<dyn Ownership> = Arc::new(LeaseOwnership::new(leases, fenced, lease / 3));
-    Ok(Some(Durable {
-        store,
-        ownership,
-        runs,
-        pool,
-    }))
+    Ok(Some(Database::new(pool, owner, lease)))
 }
 
 fn build(

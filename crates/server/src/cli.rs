@@ -7,9 +7,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
 use rein::contract::message::Message;
-use rein::{RunRequest, TerminalPrinter, TerminationReason};
+use rein::{TerminalPrinter, TerminationReason};
 
 use crate::deployment::{Deployment, StoreConfig};
+use crate::service::{Strategy, Submission};
 use crate::{assemble, serve};
 
 /// Rein: serve agents over HTTP/SSE and AG-UI, run one from the command
@@ -194,7 +195,7 @@ async fn serve_command(config: &Path, bind: &str, record: Option<&Path>) -> Exit
             return ExitCode::FAILURE;
         }
     };
-    let service = assembled.service(deployment.server.clone());
+    let service = assembled.service(&deployment.server);
     if let Some(dir) = record {
         match recorder(dir) {
             Ok((sink, path)) => {
@@ -211,7 +212,7 @@ async fn serve_command(config: &Path, bind: &str, record: Option<&Path>) -> Exit
     let stop = signal();
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();
-    let served = serve(listener, service, stop).await;
+    let served = serve(listener, service, deployment.server.clone(), stop).await;
     // Runs have ended; the MCP servers go last.
     assembled.shutdown_mcp().await;
     match served {
@@ -276,63 +277,61 @@ async fn run_command(
             return ExitCode::FAILURE;
         }
     };
-    let runtime = &assembled.runtime;
+    // Through the service, as a client of it: in distributed mode the run
+    // is a row of the shared database, run under this process's lease
+    // (renewed by its heartbeat) or by whichever process holds the thread.
+    let service = assembled.service(&deployment.server);
     let thread = thread.unwrap_or_else(|| format!("cli-{}", std::process::id()));
-    let mut request = RunRequest::new(thread, vec![Message::user(message)]);
-    if let Some(agent) = agent {
-        request = request.with_agent_id(agent);
-    }
-    if let Some(ownership) = &assembled.ownership {
-        match ownership.acquire(request.thread_id()).await {
-            Ok(true) => {}
-            Ok(false) => {
-                eprintln!(
-                    "rein: thread \"{}\" is being run by another process; try again when its run has finished",
-                    request.thread_id()
-                );
-                assembled.shutdown_mcp().await;
-                return ExitCode::FAILURE;
-            }
-            Err(e) => {
-                eprintln!("rein: the database could not be reached: {e}");
-                assembled.shutdown_mcp().await;
-                return ExitCode::FAILURE;
-            }
+    let submission = Submission {
+        agent_id: agent,
+        messages: vec![Message::user(message)],
+        strategy: Strategy::Reject,
+        ..Submission::default()
+    };
+    let entry = match service.submit(&thread, submission).await {
+        Ok(submitted) => service.live(&submitted).await,
+        Err(e) => Err(e),
+    };
+    let entry = match entry {
+        Ok(entry) => entry,
+        Err(e) => {
+            eprintln!("rein: {e}");
+            service.shutdown().await;
+            assembled.shutdown_mcp().await;
+            return ExitCode::FAILURE;
         }
-    }
-    let thread_id = request.thread_id().to_owned();
+    };
     let printer = TerminalPrinter::new();
     let mut ctrl_c = std::pin::pin!(signal());
-    let mut stream = runtime.run_stream(request);
+    let mut events = std::pin::pin!(crate::http::run_log(entry.clone(), 0));
     let mut interrupted = false;
     loop {
         tokio::select! {
-            next = stream.next() => match next {
-                Some(event) => printer.print(&event),
+            next = events.next() => match next {
+                Some(logged) => {
+                    if let Some(event) = logged.event() {
+                        printer.print(event);
+                    }
+                }
                 None => break,
             },
             _ = &mut ctrl_c, if !interrupted => {
                 interrupted = true;
-                stream.cancel();
+                if let Err(e) = service.cancel_run(&entry.run_id).await {
+                    eprintln!("rein: could not cancel the run: {e}");
+                }
             }
         }
     }
-    let result = stream.wait().await;
-    runtime.shutdown().await;
-    if let Some(ownership) = &assembled.ownership {
-        ownership.release(&thread_id).await;
-    }
+    let record = entry.finished().await;
+    service.shutdown().await;
     assembled.shutdown_mcp().await;
-    match result {
-        Err(e) => {
-            eprintln!("rein: {e}");
-            ExitCode::FAILURE
-        }
-        Ok(_) if interrupted => ExitCode::from(130),
-        Ok(r) => match r.termination {
-            TerminationReason::NaturalEnd | TerminationReason::Stopped(_) => ExitCode::SUCCESS,
-            TerminationReason::Cancelled => ExitCode::from(130),
-            TerminationReason::Error(_) => ExitCode::FAILURE,
-        },
+    if interrupted {
+        return ExitCode::from(130);
+    }
+    match record.termination {
+        Some(TerminationReason::NaturalEnd | TerminationReason::Stopped(_)) => ExitCode::SUCCESS,
+        Some(TerminationReason::Cancelled) => ExitCode::from(130),
+        Some(TerminationReason::Error(_)) | None => ExitCode::FAILURE,
     }
 }

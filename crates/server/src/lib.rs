@@ -22,7 +22,10 @@ pub mod cli;
 pub mod deployment;
 pub mod http;
 mod replay;
-pub mod service;
+
+/// Run control as a service (`rein-service`), which the HTTP API, AG-UI
+/// and the CLI are transports over.
+pub use rein_service as service;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -44,6 +47,7 @@ const CONNECTION_GRACE: Duration = Duration::from_secs(2);
 pub async fn serve(
     listener: tokio::net::TcpListener,
     service: Service,
+    settings: deployment::ServerSettings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let fired = Arc::new(tokio::sync::Notify::new());
@@ -60,7 +64,8 @@ pub async fn serve(
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    let server = axum::serve(listener, http::router(service)).with_graceful_shutdown(signal);
+    let server =
+        axum::serve(listener, http::router(service, &settings)).with_graceful_shutdown(signal);
     tokio::select! {
         result = server => result,
         // Connections that stay open past the grace are dropped.

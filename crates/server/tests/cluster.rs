@@ -334,35 +334,37 @@ async fn a_process_paused_past_its_lease_writes_nothing_when_it_wakes() {
         .await;
     b.finished(after["run_id"].as_str().unwrap(), Duration::from_secs(10))
         .await;
-    let count = |sql: &'static str, key: String| {
-        let pool = pool.clone();
-        async move {
-            // Retried: another test may be restarting the database.
-            rein_postgres::retry(Duration::from_secs(30), || {
-                sqlx::query_scalar::<_, i64>(sql)
-                    .bind(key.clone())
-                    .fetch_one(&pool)
-            })
+    let runs = rein_postgres::Database::new(pool.clone(), "test-reader", Duration::from_secs(1));
+    // Retried: another test may be restarting the database.
+    let events = || async {
+        rein_postgres::retry(Duration::from_secs(30), || {
+            runs.runs().events_after(&run_id, 0)
+        })
+        .await
+        .unwrap()
+        .len()
+    };
+    let messages = || async {
+        use rein_postgres::ThreadStore;
+        rein_postgres::PgThreadStore::new(pool.clone())
+            .load(&t)
             .await
             .unwrap()
-        }
+            .len()
     };
-    const EVENTS: &str = "SELECT count(*) FROM rein_events WHERE run_id = $1";
-    const MESSAGES: &str = "SELECT count(*) FROM rein_messages WHERE thread_id = $1";
-    let events = count(EVENTS, run_id.clone()).await;
-    let messages = count(MESSAGES, t.clone()).await;
+    let (events_before, messages_before) = (events().await, messages().await);
     let (_, history_before) = b.get(&format!("/v1/threads/{t}/messages")).await;
     a.signal("-CONT");
     // The woken process streams on, then finds its writes refused.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
-        count(EVENTS, run_id.clone()).await,
-        events,
+        events().await,
+        events_before,
         "the paused process wrote events"
     );
     assert_eq!(
-        count(MESSAGES, t.clone()).await,
-        messages,
+        messages().await,
+        messages_before,
         "the paused process wrote history"
     );
     let (_, history) = b.get(&format!("/v1/threads/{t}/messages")).await;
@@ -443,6 +445,9 @@ async fn a_storm_of_submissions_loses_none_duplicates_none_and_never_overlaps_ru
     let Some(url) = database() else { return };
     let _shared = DATABASE.read().await;
     let pool = rein_postgres::connect(&url).await.unwrap();
+    let stored = rein_postgres::Database::new(pool, "test-reader", Duration::from_secs(1))
+        .runs()
+        .clone();
     let config = config(3);
     let nodes = [
         Node::start(&config),
@@ -490,15 +495,15 @@ async fn a_storm_of_submissions_loses_none_duplicates_none_and_never_overlaps_ru
         // Nothing stuck: every run finishes.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let open: i64 = rein_postgres::retry(Duration::from_secs(30), || {
-                sqlx::query_scalar(
-                    "SELECT count(*) FROM rein_runs WHERE thread_id = ANY($1) AND status <> 'finished'",
-                )
-                .bind(&threads)
-                .fetch_one(&pool)
-            })
-            .await
-            .unwrap();
+            let mut open = 0;
+            for t in &threads {
+                open += rein_postgres::retry(Duration::from_secs(30), || stored.thread_runs(t))
+                    .await
+                    .unwrap()
+                    .iter()
+                    .filter(|r| r.status != "finished")
+                    .count();
+            }
             if open == 0 {
                 break;
             }
@@ -509,17 +514,20 @@ async fn a_storm_of_submissions_loses_none_duplicates_none_and_never_overlaps_ru
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         for t in &threads {
-            let rows: Vec<(String, Value, f64, f64)> = rein_postgres::retry(Duration::from_secs(30), || {
-                sqlx::query_as(
-                    "SELECT run_id, record,
-                            extract(epoch FROM started_at)::float8, extract(epoch FROM finished_at)::float8
-                     FROM rein_runs WHERE thread_id = $1 ORDER BY started_at",
-                )
-                .bind(t)
-                .fetch_all(&pool)
-            })
-            .await
-            .unwrap();
+            let rows: Vec<(String, Value, f64, f64)> =
+                rein_postgres::retry(Duration::from_secs(30), || stored.thread_runs(t))
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|r| {
+                        (
+                            r.run_id,
+                            r.record.unwrap_or_default(),
+                            r.started_at.unwrap_or_default(),
+                            r.finished_at.unwrap_or_default(),
+                        )
+                    })
+                    .collect();
             assert_eq!(
                 rows.len(),
                 30,

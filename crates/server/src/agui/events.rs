@@ -78,14 +78,11 @@ impl Translator {
         self.step = Some(name);
     }
 
-    /// The AG-UI events for one of the run's events (as logged JSON).
-    pub(super) fn translate(&mut self, logged: &str) -> Vec<String> {
+    /// The AG-UI events for one of the run's events.
+    pub(super) fn translate(&mut self, event: &AgentEvent) -> Vec<String> {
         if self.done {
             return Vec::new();
         }
-        let Ok(event) = serde_json::from_str::<AgentEvent>(logged) else {
-            return Vec::new();
-        };
         let mut out = Vec::new();
         match event {
             AgentEvent::StepStarted { step, .. } => {
@@ -133,7 +130,7 @@ impl Translator {
             AgentEvent::RunFinished { termination, .. } => {
                 self.end_step(&mut out);
                 self.done = true;
-                out.push(match &termination {
+                out.push(match termination {
                     TerminationReason::Error(message) => {
                         json!({"type": "RUN_ERROR", "message": message, "code": "error"})
                     }

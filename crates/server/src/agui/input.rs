@@ -1,19 +1,18 @@
 //! AG-UI's `RunAgentInput`, and which of its messages are new to the thread.
 
-use std::collections::HashSet;
-
 use rein::contract::message::{Message, ToolCall};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::service::ApiError;
+use crate::http::ApiError;
+use crate::service::ClientMessage;
 
 /// The input of one AG-UI run (unknown fields are ignored).
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub(super) struct RunAgentInput {
-    pub(super) thread_id: String,
-    pub(super) run_id: String,
+pub(crate) struct RunAgentInput {
+    pub(crate) thread_id: String,
+    pub(crate) run_id: String,
     #[serde(default)]
     messages: Vec<AgUiMessage>,
 }
@@ -59,22 +58,17 @@ fn text(content: Option<&Value>) -> String {
 }
 
 impl RunAgentInput {
-    /// The messages whose ids are not in `seen`, as Rein messages, and
-    /// every new id (skipped roles included, so they stay skipped).
-    pub(super) fn new_messages(
-        &self,
-        seen: &HashSet<String>,
-    ) -> Result<(Vec<Message>, Vec<String>), ApiError> {
-        let mut messages = Vec::new();
-        let mut ids = Vec::new();
+    /// The conversation as client messages: each with its ids (its own
+    /// and its tool calls'), and the Rein message to append if its ids
+    /// are new to the thread (`None` for roles that are not stored, so
+    /// they stay skipped).
+    pub(super) fn client_messages(&self) -> Result<Vec<ClientMessage>, ApiError> {
+        let mut out = Vec::with_capacity(self.messages.len());
         for (i, m) in self.messages.iter().enumerate() {
-            if seen.contains(&m.id) {
-                continue;
-            }
-            ids.push(m.id.clone());
+            let mut ids = vec![m.id.clone()];
             let content = text(m.content.as_ref());
-            match m.role.as_str() {
-                "user" => messages.push(Message::user(content)),
+            let message = match m.role.as_str() {
+                "user" => Some(Message::user(content)),
                 "assistant" => {
                     let calls = m
                         .tool_calls
@@ -87,7 +81,7 @@ impl RunAgentInput {
                             ToolCall::new(&c.id, &c.function.name, args)
                         })
                         .collect();
-                    messages.push(Message::assistant_with_tools(content, calls));
+                    Some(Message::assistant_with_tools(content, calls))
                 }
                 "tool" => {
                     let call = m.tool_call_id.clone().ok_or_else(|| {
@@ -100,11 +94,11 @@ impl RunAgentInput {
                             ),
                         )
                     })?;
-                    messages.push(Message::tool(call, content));
+                    Some(Message::tool(call, content))
                 }
                 // Instructions come from the agent's spec; activity and
                 // reasoning messages are the client's own.
-                "system" | "developer" | "activity" | "reasoning" => {}
+                "system" | "developer" | "activity" | "reasoning" => None,
                 other => {
                     return Err(ApiError::new(
                         422,
@@ -112,8 +106,9 @@ impl RunAgentInput {
                         format!("messages[{i}] (id \"{}\"): unknown role \"{other}\"", m.id),
                     ));
                 }
-            }
+            };
+            out.push(ClientMessage { ids, message });
         }
-        Ok((messages, ids))
+        Ok(out)
     }
 }

@@ -25,25 +25,21 @@ mod input;
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::sse::{Event, Sse};
 use futures::{Stream, StreamExt};
 
-use crate::http::{body_error, parse_json, run_log};
-use crate::service::{ApiError, RunEntry, RunStatus, Service, Strategy, Submission};
+use crate::http::{ApiError, JsonBody, PathParams, run_log};
+use crate::service::{RunEntry, RunStatus, Service, Strategy, Submission};
 use events::Translator;
 use input::RunAgentInput;
 
 /// `POST /v1/ag-ui/{agent_id}`.
 pub(crate) async fn run(
     State(service): State<Service>,
-    Path(agent_id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    PathParams(agent_id): PathParams<String>,
+    JsonBody(input): JsonBody<RunAgentInput>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let body = body.map_err(|r| body_error(&r, service.settings().body_limit_bytes))?;
-    let input: RunAgentInput = parse_json(&body)?;
     if service.runtime().agent_spec(Some(&agent_id)).is_none() {
         return Err(ApiError::new(
             404,
@@ -61,28 +57,23 @@ pub(crate) async fn run(
             "threadId and runId must not be empty",
         ));
     }
-    let seen = service.seen_message_ids(&input.thread_id);
-    let (messages, ids) = input.new_messages(&seen)?;
-    let submitted = service
-        .submit(
-            &input.thread_id,
-            Submission {
-                agent_id: Some(agent_id),
-                messages,
-                strategy: Strategy::Interrupt,
-                idempotency_key: None,
-                run_id: Some(input.run_id.clone()),
-            },
-        )
-        .await?;
-    service.remember_message_ids(&input.thread_id, ids);
+    let submission = Submission {
+        agent_id: Some(agent_id),
+        client_messages: input.client_messages()?,
+        strategy: Strategy::Interrupt,
+        run_id: Some(input.run_id.clone()),
+        ..Submission::default()
+    };
+    let submitted = service.submit(&input.thread_id, submission).await?;
     let entry = service.live(&submitted).await?;
     let translator = Translator::new(&input.thread_id, &input.run_id);
     Ok(Sse::new(stream(service, entry, translator)))
 }
 
 /// The AG-UI events of one run; dropping it before `RUN_FINISHED` (the
-/// client went away) cancels the run.
+/// client went away) cancels the run. The ids of the messages it emits
+/// are recorded with the thread, so a client sending them back appends
+/// nothing.
 fn stream(
     service: Service,
     entry: Arc<RunEntry>,
@@ -91,12 +82,22 @@ fn stream(
     let guard = AbortOnDrop(Some(entry.clone()));
     let first = futures::stream::iter(translator.start());
     let thread_id = entry.thread_id.clone();
-    let rest = run_log(entry, 0).flat_map(move |logged| {
-        let out = translator.translate(&logged.json);
-        service.remember_message_ids(&thread_id, translator.take_emitted_ids());
-        futures::stream::iter(out)
+    let rest = run_log(entry, 0).then(move |logged| {
+        let out = match logged.event() {
+            Some(event) => translator.translate(event),
+            None => Vec::new(),
+        };
+        let ids = translator.take_emitted_ids();
+        let service = service.clone();
+        let thread_id = thread_id.clone();
+        async move {
+            if let Err(error) = service.remember_message_ids(&thread_id, ids).await {
+                tracing::warn!(%error, thread_id, "could not record the AG-UI message ids");
+            }
+            futures::stream::iter(out)
+        }
     });
-    first.chain(rest).map(move |json| {
+    first.chain(rest.flatten()).map(move |json| {
         let _keep = &guard;
         Ok(Event::default().data(json))
     })

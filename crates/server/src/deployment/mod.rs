@@ -192,22 +192,14 @@ impl Default for ServerSettings {
     }
 }
 
-/// How long finished runs (records, events, idempotency keys) are kept:
-/// at most `max_finished_runs`, none older than `finished_run_ttl_seconds`.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Retention {
-    /// The most finished runs kept (default 10 000); the oldest go first.
-    pub max_finished_runs: usize,
-    /// How long a finished run is kept, in seconds (default 3600).
-    pub finished_run_ttl_seconds: u64,
-}
+pub use rein_service::Retention;
 
-impl Default for Retention {
-    fn default() -> Self {
-        Self {
-            max_finished_runs: 10_000,
-            finished_run_ttl_seconds: 3600,
+impl ServerSettings {
+    /// What the service needs of these settings.
+    pub fn service(&self) -> rein_service::ServiceSettings {
+        rein_service::ServiceSettings {
+            cancel_wait_ms: self.cancel_wait_ms,
+            retention: self.retention,
         }
     }
 }

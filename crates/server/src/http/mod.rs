@@ -1,18 +1,20 @@
-//! The HTTP API (axum): routes, request bodies, error responses and SSE.
+//! The HTTP API (axum): routes, typed extractors, error responses and SSE.
 //!
 //! Every refusal is `{"error": {"code", "message"}}` with a 4xx/5xx
-//! status ([`ApiError`]); a refused request changes nothing.
+//! status ([`ApiError`]); a refused request changes nothing. Handlers
+//! read typed extractors ([`extract`]) whose rejection is an `ApiError`,
+//! and return the service's errors through the one table in [`error`].
 
+mod error;
+mod extract;
 mod sse;
 
+pub use error::ApiError;
+pub(crate) use extract::{JsonBody, PathParams};
 pub(crate) use sse::run_log;
 
-use std::collections::HashMap;
-
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
@@ -20,11 +22,12 @@ use rein::contract::message::Message;
 use serde::{Deserialize, Serialize};
 
 use crate::agui;
-use crate::service::{ApiError, RunStatus, Service, Strategy, Submission, Submitted};
+use crate::service::{RunStatus, Service, Strategy, Submission, Submitted};
+use extract::{IdempotencyKey, Wait};
 
 /// The router of the whole API, AG-UI included.
-pub fn router(service: Service) -> Router {
-    let limit = service.settings().body_limit_bytes;
+pub fn router(service: Service, settings: &crate::deployment::ServerSettings) -> Router {
+    let limit = settings.body_limit_bytes;
     Router::new()
         .route("/healthz", get(healthz))
         .route("/v1/agents", get(agents))
@@ -44,18 +47,6 @@ pub fn router(service: Service) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(service)
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (
-            status,
-            [(header::CONTENT_TYPE, "application/json")],
-            self.body(),
-        )
-            .into_response()
-    }
 }
 
 async fn not_found() -> ApiError {
@@ -109,40 +100,6 @@ struct SubmitBody {
     idempotency_key: Option<String>,
 }
 
-/// A body that failed to buffer, as an [`ApiError`] (413 over the limit).
-pub(crate) fn body_error(rejection: &BytesRejection, limit: usize) -> ApiError {
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(
-            413,
-            "body_too_large",
-            format!("the request body is over the limit of {limit} bytes"),
-        )
-    } else {
-        ApiError::new(
-            400,
-            "unreadable_body",
-            format!("the request body could not be read: {rejection}"),
-        )
-    }
-}
-
-/// Parses a JSON body: 400 `malformed_json` for bad JSON, 422
-/// `invalid_body` for the wrong shape.
-pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| match e.classify() {
-        serde_json::error::Category::Data => ApiError::new(
-            422,
-            "invalid_body",
-            format!("the body does not have the expected shape: {e}"),
-        ),
-        _ => ApiError::new(
-            400,
-            "malformed_json",
-            format!("the body is not valid JSON: {e}"),
-        ),
-    })
-}
-
 #[derive(Serialize)]
 struct Accepted<'a> {
     run_id: &'a str,
@@ -152,41 +109,14 @@ struct Accepted<'a> {
 
 async fn submit(
     State(service): State<Service>,
-    Path(thread_id): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    PathParams(thread_id): PathParams<String>,
+    Wait(wait): Wait,
+    IdempotencyKey(header_key): IdempotencyKey,
+    JsonBody(body): JsonBody<SubmitBody>,
 ) -> Result<Response, ApiError> {
-    let wait = match query.get("wait").map(String::as_str) {
-        None | Some("false" | "0") => false,
-        Some("true" | "1" | "") => true,
-        Some(other) => {
-            return Err(ApiError::new(
-                400,
-                "invalid_query",
-                format!("wait must be true or false, not \"{other}\""),
-            ));
-        }
-    };
-    let body = body.map_err(|r| body_error(&r, service.settings().body_limit_bytes))?;
-    let body: SubmitBody = parse_json(&body)?;
     let strategy = match &body.strategy {
         Some(name) => Strategy::parse(name)?,
         None => Strategy::default(),
-    };
-    let header_key = match headers.get("idempotency-key") {
-        Some(v) => Some(
-            v.to_str()
-                .map_err(|_| {
-                    ApiError::new(
-                        400,
-                        "invalid_idempotency_key",
-                        "the Idempotency-Key header is not text",
-                    )
-                })?
-                .to_owned(),
-        ),
-        None => None,
     };
     let idempotency_key = match (header_key, body.idempotency_key) {
         (Some(h), Some(b)) if h != b => {
@@ -205,18 +135,14 @@ async fn submit(
             "the idempotency key is empty",
         ));
     }
-    let submitted = service
-        .submit(
-            &thread_id,
-            Submission {
-                agent_id: body.agent_id,
-                messages: body.messages,
-                strategy,
-                idempotency_key,
-                run_id: None,
-            },
-        )
-        .await?;
+    let submission = Submission {
+        agent_id: body.agent_id,
+        messages: body.messages,
+        strategy,
+        idempotency_key,
+        ..Submission::default()
+    };
+    let submitted = service.submit(&thread_id, submission).await?;
     let entry = submitted.entry().clone();
     if wait {
         let entry = service.live(&submitted).await?;
@@ -236,14 +162,14 @@ async fn submit(
 
 async fn run_record(
     State(service): State<Service>,
-    Path(run_id): Path<String>,
+    PathParams(run_id): PathParams<String>,
 ) -> Result<Response, ApiError> {
     Ok(Json(service.run(&run_id).await?.record()).into_response())
 }
 
 async fn cancel_thread(
     State(service): State<Service>,
-    Path(thread_id): Path<String>,
+    PathParams(thread_id): PathParams<String>,
 ) -> Json<serde_json::Value> {
     let (cancelled, released) = service.cancel_thread(&thread_id).await;
     Json(serde_json::json!({"cancelled": cancelled, "released": released}))
@@ -251,7 +177,7 @@ async fn cancel_thread(
 
 async fn cancel_run(
     State(service): State<Service>,
-    Path(run_id): Path<String>,
+    PathParams(run_id): PathParams<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let cancelled = service.cancel_run(&run_id).await?;
     Ok(Json(serde_json::json!({"cancelled": cancelled})))
@@ -259,17 +185,17 @@ async fn cancel_run(
 
 async fn cancel_tool_call(
     State(service): State<Service>,
-    Path((run_id, call_id)): Path<(String, String)>,
-) -> Result<(axum::http::StatusCode, Json<serde_json::Value>), ApiError> {
+    PathParams((run_id, call_id)): PathParams<(String, String)>,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
     let here = service.cancel_tool_call(&run_id, &call_id).await?;
     let (status, body) = if here {
         (
-            axum::http::StatusCode::OK,
+            StatusCode::OK,
             serde_json::json!({"cancelled": true, "run_id": run_id, "call_id": call_id}),
         )
     } else {
         (
-            axum::http::StatusCode::ACCEPTED,
+            StatusCode::ACCEPTED,
             serde_json::json!({"cancelled": false, "requested": true, "run_id": run_id, "call_id": call_id}),
         )
     };
@@ -278,14 +204,14 @@ async fn cancel_tool_call(
 
 async fn messages(
     State(service): State<Service>,
-    Path(thread_id): Path<String>,
+    PathParams(thread_id): PathParams<String>,
 ) -> Json<Vec<Message>> {
     Json(service.messages(&thread_id).await)
 }
 
 async fn delete_thread(
     State(service): State<Service>,
-    Path(thread_id): Path<String>,
+    PathParams(thread_id): PathParams<String>,
 ) -> Result<StatusCode, ApiError> {
     service.delete_thread(&thread_id).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -6,13 +6,14 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::{Stream, StreamExt};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::service::{ApiError, LoggedEvent, RunEntry, Service};
+use super::ApiError;
+use super::extract::{LastEventId, PathParams};
+use crate::service::{LoggedEvent, RunEntry, Service};
 
 /// How often an idle stream sends a comment, so proxies keep it open.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -20,31 +21,17 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 fn event(logged: &LoggedEvent, id: u64) -> Event {
     Event::default()
         .event(logged.kind)
-        .data(&logged.json)
+        .data(logged.json())
         .id(id.to_string())
 }
 
 /// `GET /v1/runs/{run_id}/events`.
 pub(super) async fn run_events(
     State(service): State<Service>,
-    Path(run_id): Path<String>,
-    headers: HeaderMap,
+    PathParams(run_id): PathParams<String>,
+    LastEventId(after): LastEventId,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let entry = service.run(&run_id).await?;
-    let after = match headers.get("last-event-id") {
-        None => 0,
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .ok_or_else(|| {
-                ApiError::new(
-                    400,
-                    "invalid_last_event_id",
-                    "Last-Event-ID must be an event id of this run (a number)",
-                )
-            })?,
-    };
     Ok(Sse::new(run_stream(entry, after)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
 }
 
@@ -101,7 +88,7 @@ pub(crate) fn run_log(entry: Arc<RunEntry>, after: u64) -> impl Stream<Item = Ar
 /// it missed.
 pub(super) async fn thread_events(
     State(service): State<Service>,
-    Path(thread_id): Path<String>,
+    PathParams(thread_id): PathParams<String>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let subscription = service.subscribe_tail(&thread_id);
     let closing = service.closing().clone();

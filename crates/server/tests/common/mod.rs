@@ -30,13 +30,19 @@ impl Server {
         let deployment = Deployment::from_yaml(yaml).unwrap();
         let assembled =
             std::sync::Arc::new(rein_server::assemble::start(&deployment).await.unwrap());
-        let service: Service = assembled.service(deployment.server.clone());
+        let service: Service = assembled.service(&deployment.server);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(rein_server::serve(listener, service.clone(), async move {
-            let _ = stopped.await;
-        }));
+        let settings = deployment.server.clone();
+        let task = tokio::spawn(rein_server::serve(
+            listener,
+            service.clone(),
+            settings,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         Self {
             url,
             service,

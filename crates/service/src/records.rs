@@ -14,16 +14,18 @@
 //! queued ones are never dropped.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use rein::AgentRunResult;
-use rein::events::{AgentEvent, CancelCause, EventSink};
-use rein::{CancellationToken, TerminationReason};
+use rein_runtime::AgentRunResult;
+use rein_runtime_contract::CancellationToken;
+use rein_runtime_contract::event::{AgentEvent, CancelCause, EventSink};
+use rein_runtime_contract::lifecycle::{StopReport, TerminationReason};
+use rein_runtime_contract::message::{CacheUsage, TokenUsage};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 
-use crate::deployment::Retention;
+use crate::settings::Retention;
 
 /// Where a run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,28 +72,67 @@ pub struct RunRecord {
     pub steps: Option<u32>,
     /// Token usage.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<rein::contract::message::TokenUsage>,
+    pub usage: Option<TokenUsage>,
     /// Prompt-cache usage, when a provider reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache_usage: Option<rein::contract::message::CacheUsage>,
+    pub cache_usage: Option<CacheUsage>,
     /// Who cancelled it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cancel_cause: Option<CancelCause>,
     /// How it ended and how to go on (limits used, tool calls that did not
     /// complete, whether the thread can be resumed safely, a hint).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub report: Option<rein::contract::lifecycle::StopReport>,
+    pub report: Option<StopReport>,
 }
 
-/// One event of a run's log, ready for SSE.
+/// One event of a run's log: the event itself (what AG-UI translates)
+/// and its JSON (what SSE and the database carry), each made at most once.
 #[derive(Debug)]
 pub struct LoggedEvent {
     /// Its sequence number in the run (from 1).
     pub seq: u64,
     /// The event's type (`run_started`, …).
     pub kind: &'static str,
-    /// The event as JSON.
-    pub json: String,
+    event: Option<AgentEvent>,
+    json: OnceLock<String>,
+}
+
+impl LoggedEvent {
+    fn emitted(seq: u64, event: AgentEvent) -> Self {
+        Self {
+            seq,
+            kind: event.kind(),
+            event: Some(event),
+            json: OnceLock::new(),
+        }
+    }
+
+    /// An event read back from the database: its JSON as stored, parsed
+    /// once (`None` for a type this version does not know).
+    pub(crate) fn stored(seq: u64, kind: &str, json: String) -> Self {
+        Self {
+            seq,
+            kind: intern(kind),
+            event: serde_json::from_str(&json).ok(),
+            json: OnceLock::from(json),
+        }
+    }
+
+    /// The event (`None` only for a stored event of a type this version
+    /// does not know).
+    pub fn event(&self) -> Option<&AgentEvent> {
+        self.event.as_ref()
+    }
+
+    /// The event as JSON, serialized on first use.
+    pub fn json(&self) -> &str {
+        self.json.get_or_init(|| {
+            self.event
+                .as_ref()
+                .and_then(|e| serde_json::to_string(e).ok())
+                .unwrap_or_default()
+        })
+    }
 }
 
 /// One event of a thread's live tail.
@@ -238,7 +279,7 @@ impl RunEntry {
     }
 
     /// Marks it followed; `true` for the first caller only.
-    pub(super) fn start_following(&self) -> bool {
+    pub(crate) fn start_following(&self) -> bool {
         !self
             .followed
             .swap(true, std::sync::atomic::Ordering::SeqCst)
@@ -249,41 +290,60 @@ impl RunEntry {
         self.state().events.len() as u64
     }
 
-    pub(super) fn set_driven_here(&self) {
+    pub(crate) fn set_driven_here(&self) {
         self.driven_here
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Appends an event read from the shared store, unless the log has it
     /// already (events arrive in order; `seq` is the next one or a repeat).
-    pub(super) fn append_stored(&self, seq: u64, kind: &str, json: String) {
+    pub(crate) fn append_stored(&self, seq: u64, kind: &str, json: String) {
         let mut state = self.state();
         if seq != state.events.len() as u64 + 1 {
             return;
         }
-        state.events.push(Arc::new(LoggedEvent {
-            seq,
-            kind: intern(kind),
-            json,
-        }));
+        state
+            .events
+            .push(Arc::new(LoggedEvent::stored(seq, kind, json)));
         let count = state.events.len() as u64;
         drop(state);
         self.changed.send_replace(count);
     }
 
-    pub(super) fn set_running(&self) {
+    /// Marks it finished with `result`; `false` if it was already.
+    fn close(&self, result: AgentRunResult) -> bool {
+        {
+            let mut state = self.state();
+            if state.status == RunStatus::Finished {
+                return false;
+            }
+            state.status = RunStatus::Finished;
+            state.result = Some(result);
+        }
+        self.changed.send_modify(|_| {});
+        true
+    }
+
+    /// An entry no record keeps (the answer to a submission another
+    /// process will run).
+    pub(crate) fn snapshot(
+        run_id: &str,
+        thread_id: &str,
+        agent_id: &str,
+        idempotency_key: Option<String>,
+        status: RunStatus,
+    ) -> Arc<Self> {
+        Self::new(run_id, thread_id, agent_id, idempotency_key, status)
+    }
+
+    pub(crate) fn set_running(&self) {
         self.state().status = RunStatus::Running;
         self.changed.send_modify(|_| {});
     }
 
-    fn append(&self, event: &AgentEvent) -> Arc<LoggedEvent> {
-        let json = serde_json::to_string(event).unwrap_or_default();
+    fn append(&self, event: AgentEvent) -> Arc<LoggedEvent> {
         let mut state = self.state();
-        let logged = Arc::new(LoggedEvent {
-            seq: state.events.len() as u64 + 1,
-            kind: event.kind(),
-            json,
-        });
+        let logged = Arc::new(LoggedEvent::emitted(state.events.len() as u64 + 1, event));
         state.events.push(logged.clone());
         let count = state.events.len() as u64;
         drop(state);
@@ -294,16 +354,16 @@ impl RunEntry {
 
 /// Every run record, the threads' live tails, and retention.
 #[derive(Debug)]
-pub(super) struct Records {
+pub(crate) struct Records {
     retention: Retention,
     inner: Mutex<Inner>,
     /// Where every run's events are also written (`rein serve --record`).
-    pub(super) recorder: std::sync::OnceLock<Recorder>,
+    pub(crate) recorder: std::sync::OnceLock<Recorder>,
 }
 
 /// The sink that records every run's events.
 #[derive(Clone)]
-pub(super) struct Recorder(pub(super) Arc<dyn EventSink>);
+pub(crate) struct Recorder(pub(crate) Arc<dyn EventSink>);
 
 impl std::fmt::Debug for Recorder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -364,7 +424,7 @@ impl ThreadTail {
 
 impl Records {
     /// No records yet.
-    pub(super) fn new(retention: Retention) -> Self {
+    pub(crate) fn new(retention: Retention) -> Self {
         Self {
             retention,
             inner: Mutex::new(Inner::default()),
@@ -377,7 +437,7 @@ impl Records {
     }
 
     /// The run's entry, made (with `status`) if it is not kept.
-    pub(super) fn get_or_create(
+    pub(crate) fn get_or_create(
         &self,
         run_id: &str,
         thread_id: &str,
@@ -392,20 +452,8 @@ impl Records {
             .clone()
     }
 
-    /// An entry that is not kept (a snapshot for an answer: a run
-    /// submitted here that another process will run).
-    pub(super) fn detached(
-        run_id: &str,
-        thread_id: &str,
-        agent_id: &str,
-        idempotency_key: Option<String>,
-        status: RunStatus,
-    ) -> Arc<RunEntry> {
-        RunEntry::new(run_id, thread_id, agent_id, idempotency_key, status)
-    }
-
     /// A new entry (queued or running); `None` if the id is taken.
-    pub(super) fn create(
+    pub(crate) fn create(
         &self,
         run_id: &str,
         thread_id: &str,
@@ -422,18 +470,23 @@ impl Records {
         Some(entry)
     }
 
+    /// Writes every run's events to `recorder` too (set once).
+    pub(crate) fn set_recorder(&self, recorder: Arc<dyn EventSink>) {
+        let _ = self.recorder.set(Recorder(recorder));
+    }
+
     /// Drops an entry whose run never started (its submission failed).
-    pub(super) fn discard(&self, run_id: &str) {
+    pub(crate) fn discard(&self, run_id: &str) {
         self.inner().runs.remove(run_id);
     }
 
     /// The entry of a run, if it is kept.
-    pub(super) fn get(&self, run_id: &str) -> Option<Arc<RunEntry>> {
+    pub(crate) fn get(&self, run_id: &str) -> Option<Arc<RunEntry>> {
         self.inner().runs.get(run_id).cloned()
     }
 
     /// The live tail of a thread (created on first use).
-    pub(super) fn tail(&self, thread_id: &str) -> Arc<ThreadTail> {
+    pub(crate) fn tail(&self, thread_id: &str) -> Arc<ThreadTail> {
         self.inner()
             .tails
             .entry(thread_id.to_owned())
@@ -442,7 +495,7 @@ impl Records {
     }
 
     /// The sink that logs a run's events and sends them to its thread's tail.
-    pub(super) fn sink(&self, entry: &Arc<RunEntry>) -> Arc<dyn EventSink> {
+    pub(crate) fn sink(&self, entry: &Arc<RunEntry>) -> Arc<dyn EventSink> {
         Arc::new(RunSink {
             entry: entry.clone(),
             tail: self.tail(&entry.thread_id),
@@ -450,19 +503,29 @@ impl Records {
         })
     }
 
+    /// Drops the entry (this process's log of it is not the run's truth)
+    /// and ends it for those holding it.
+    pub(crate) fn finish_discarded(&self, entry: &RunEntry, result: AgentRunResult) {
+        {
+            let mut inner = self.inner();
+            if inner
+                .runs
+                .get(&entry.run_id)
+                .is_some_and(|kept| std::ptr::eq(kept.as_ref(), entry))
+            {
+                inner.runs.remove(&entry.run_id);
+            }
+        }
+        entry.close(result);
+    }
+
     /// Marks a run finished with its result (once; later calls do
     /// nothing); applies retention. Returns the idempotency keys (thread,
     /// key) of the entries dropped.
-    pub(super) fn finish(&self, entry: &RunEntry, result: AgentRunResult) -> Vec<(String, String)> {
-        {
-            let mut state = entry.state();
-            if state.status == RunStatus::Finished {
-                return Vec::new();
-            }
-            state.status = RunStatus::Finished;
-            state.result = Some(result);
+    pub(crate) fn finish(&self, entry: &RunEntry, result: AgentRunResult) -> Vec<(String, String)> {
+        if !entry.close(result) {
+            return Vec::new();
         }
-        entry.changed.send_modify(|_| {});
         let mut inner = self.inner();
         inner
             .finished
@@ -485,13 +548,13 @@ impl Records {
     }
 
     /// Drops the thread's tail if nobody holds it (a listener left).
-    pub(super) fn release_tail(&self, thread_id: &str) {
+    pub(crate) fn release_tail(&self, thread_id: &str) {
         Self::tidy_tail(&mut self.inner(), thread_id);
     }
 
     /// A run that never started (cancelled while queued, or its start
     /// failed) gets a `run_finished` event and a result.
-    pub(super) fn finish_unstarted(
+    pub(crate) fn finish_unstarted(
         &self,
         entry: &RunEntry,
         termination: TerminationReason,
@@ -507,22 +570,22 @@ impl Records {
             usage: Default::default(),
             cache_usage: None,
             outputs: Default::default(),
-            report: Some(rein::contract::lifecycle::StopReport::new(&termination)),
+            report: Some(StopReport::new(&termination)),
         };
-        let logged = entry.append(&event);
+        let logged = entry.append(event);
         self.tail(&entry.thread_id).send(logged);
         let result = unstarted_result(entry, termination, cancel_cause);
         self.finish(entry, result)
     }
 
     /// Applies retention now (also run periodically).
-    pub(super) fn sweep(&self) -> Vec<(String, String)> {
+    pub(crate) fn sweep(&self) -> Vec<(String, String)> {
         let mut inner = self.inner();
         self.evict(&mut inner, Instant::now())
     }
 
     /// How many records are kept (finished or not).
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.inner().runs.len()
     }
 
@@ -561,7 +624,7 @@ fn intern(kind: &str) -> &'static str {
 }
 
 /// The record of a finished run.
-pub(super) fn finished_record(
+pub(crate) fn finished_record(
     run_id: &str,
     thread_id: &str,
     agent_id: &str,
@@ -604,7 +667,7 @@ impl EventSink for RunSink {
         if let Some(recorder) = &self.recorder {
             recorder.emit(event.clone());
         }
-        let logged = self.entry.append(&event);
+        let logged = self.entry.append(event);
         self.tail.send(logged);
     }
 }

@@ -1,0 +1,119 @@
+//! [`Core`]: what both modes share — the runtime, this process's run
+//! records, the settings, the shutdown flag, and the background loops.
+//!
+//! **Invariant:** every background loop (the retention sweeper, a
+//! distributed mode's heartbeat, listener and scans) is started through
+//! [`Core::every`] or [`Core::background`], ends when the service closes,
+//! and is awaited by [`Core::stop_background`], so nothing of the service
+//! runs after `Service::shutdown` returns.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use rein_runtime::{AgentRuntime, RunRequest};
+use rein_runtime_contract::CancellationToken;
+use rein_runtime_contract::message::Message;
+use tokio_util::task::TaskTracker;
+
+use crate::error::ServiceError;
+use crate::records::Records;
+use crate::settings::ServiceSettings;
+
+/// The parts of a service both modes use.
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub(crate) runtime: AgentRuntime,
+    pub(crate) records: Records,
+    pub(crate) settings: ServiceSettings,
+    /// Cancelled when the service shuts down.
+    pub(crate) closing: CancellationToken,
+    shutting_down: AtomicBool,
+    loops: TaskTracker,
+}
+
+impl Core {
+    pub(crate) fn new(runtime: AgentRuntime, settings: ServiceSettings) -> Arc<Self> {
+        Arc::new(Self {
+            runtime,
+            records: Records::new(settings.retention),
+            settings,
+            closing: CancellationToken::new(),
+            shutting_down: AtomicBool::new(false),
+            loops: TaskTracker::new(),
+        })
+    }
+
+    /// Whether shutdown has begun (no new runs start).
+    pub(crate) fn shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends the live tails and every background loop, and waits for them.
+    pub(crate) async fn stop_background(&self) {
+        self.closing.cancel();
+        self.loops.close();
+        self.loops.wait().await;
+    }
+
+    /// The cancel-wait bound.
+    pub(crate) fn cancel_wait(&self) -> Duration {
+        Duration::from_millis(self.settings.cancel_wait_ms)
+    }
+
+    /// Runs `task` in the background until it ends or the service closes.
+    pub(crate) fn background(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let closing = self.closing.clone();
+        self.loops.spawn(async move {
+            tokio::select! {
+                _ = closing.cancelled() => {}
+                _ = task => {}
+            }
+        });
+    }
+
+    /// Runs `tick` on `owner` every `period` until the service closes or
+    /// `owner` is dropped (a loop never keeps its owner alive).
+    pub(crate) fn every<T, F, Fut>(&self, period: Duration, owner: Weak<T>, mut tick: F)
+    where
+        T: Send + Sync + 'static,
+        F: FnMut(Arc<T>) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
+        self.background(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(owner) = owner.upgrade() else {
+                    return;
+                };
+                tick(owner).await;
+            }
+        });
+    }
+
+    /// The submission as a run request checked by the runtime (agent,
+    /// messages, thread), with the id of the agent that will run it.
+    pub(crate) async fn checked_request(
+        &self,
+        thread_id: &str,
+        agent_id: Option<&str>,
+        messages: Vec<Message>,
+    ) -> Result<(RunRequest, String), ServiceError> {
+        let mut request = RunRequest::new(thread_id, messages);
+        if let Some(agent) = agent_id {
+            request = request.with_agent_id(agent);
+        }
+        self.runtime.check_request(&request).await?;
+        let agent_id = self
+            .runtime
+            .agent_spec(agent_id)
+            .map(|spec| spec.id.clone())
+            .unwrap_or_default();
+        Ok((request, agent_id))
+    }
+}

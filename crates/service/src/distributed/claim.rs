@@ -1,0 +1,468 @@
+//! Claiming and running: a thread's **pump** exists while this process
+//! holds the thread's lease and works on it. It claims the thread's
+//! queued runs in order (an `interrupt` one at once, which the engine's
+//! mailbox lets interrupt the active run), drives each run (events
+//! written as they come, then the record with the last events in one
+//! fenced statement), and gives the thread up when it has no work left.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rein_postgres::{Claimed, PgRuns, StoredEvent, WRITE_RETRY, retry};
+use rein_runtime::{AgentRunResult, RunHandle, RunRequest};
+use rein_runtime_contract::lifecycle::TerminationReason;
+use rein_runtime_contract::message::Message;
+use tokio::sync::Notify;
+
+use super::{Distributed, LOST_RUN, Unstarted, lock};
+use crate::records::{LoggedEvent, RunEntry, RunStatus, finished_record};
+
+/// How long a run's new events wait to be written with the ones that
+/// follow them (what a follower on another process lags at most, beyond
+/// the write itself).
+const EVENT_LINGER: Duration = Duration::from_millis(5);
+
+/// A thread's pump.
+#[derive(Debug, Default)]
+pub(super) struct Pump {
+    pub(super) wake: Notify,
+    /// An `interrupt` submission is waiting.
+    pub(super) interrupt: AtomicBool,
+    /// Held while claiming, and while giving the thread up.
+    stepping: tokio::sync::Mutex<()>,
+    /// The thread is held and what a previous owner left was cleaned up:
+    /// claims may start.
+    ready: AtomicBool,
+    /// The thread was given up: this pump claims nothing more.
+    closed: AtomicBool,
+    /// A claim failed: its commit may have succeeded with the answer lost,
+    /// leaving a run `running` here that nothing drives. The next step
+    /// looks for it first ([`PgRuns::claimed_here`]).
+    claim_failed: AtomicBool,
+    active: Mutex<Option<Arc<RunEntry>>>,
+}
+
+impl Pump {
+    pub(super) fn active(&self) -> Option<Arc<RunEntry>> {
+        lock(&self.active).clone()
+    }
+
+    fn set_active(&self, entry: Option<Arc<RunEntry>>) {
+        *lock(&self.active) = entry;
+    }
+
+    /// Clears the active run if it is `entry`.
+    fn finished(&self, entry: &Arc<RunEntry>) {
+        let mut active = lock(&self.active);
+        if active.as_ref().is_some_and(|a| Arc::ptr_eq(a, entry)) {
+            *active = None;
+        }
+    }
+}
+
+fn stored(logged: &[Arc<LoggedEvent>]) -> Vec<StoredEvent> {
+    logged
+        .iter()
+        .map(|e| StoredEvent {
+            seq: e.seq as i64,
+            kind: e.kind.to_owned(),
+            data: e.json().to_owned(),
+        })
+        .collect()
+}
+
+impl Distributed {
+    pub(super) fn pump(&self, thread_id: &str) -> Option<Arc<Pump>> {
+        lock(&self.pumps).get(thread_id).cloned()
+    }
+
+    fn drop_pump(&self, thread_id: &str, pump: &Arc<Pump>) {
+        let mut pumps = lock(&self.pumps);
+        if pumps.get(thread_id).is_some_and(|p| Arc::ptr_eq(p, pump)) {
+            pumps.remove(thread_id);
+        }
+    }
+
+    /// Makes sure the thread's work is being done: wakes its pump here, or
+    /// takes the thread (if no live process holds it) and starts one.
+    /// Unless `force`, a thread last seen held elsewhere is left to its
+    /// holder.
+    pub(super) async fn kick(&self, thread_id: &str, interrupt: bool, force: bool) {
+        if self.core.shutting_down() {
+            return;
+        }
+        let (pump, fresh) = {
+            let mut pumps = lock(&self.pumps);
+            match pumps.get(thread_id) {
+                Some(pump) => (pump.clone(), false),
+                None if !force && self.held_elsewhere(thread_id) => return,
+                None => {
+                    let pump = Arc::new(Pump::default());
+                    pumps.insert(thread_id.to_owned(), pump.clone());
+                    (pump, true)
+                }
+            }
+        };
+        if fresh {
+            match self.db.acquire(thread_id).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.seen_elsewhere(thread_id);
+                    self.drop_pump(thread_id, &pump);
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, thread_id, "could not take the thread's lease");
+                    self.drop_pump(thread_id, &pump);
+                    return;
+                }
+            }
+            lock(&self.elsewhere).remove(thread_id);
+            self.end_lost_runs(thread_id).await;
+            pump.ready.store(true, Ordering::SeqCst);
+            if let Some(mode) = self.arc() {
+                let thread = thread_id.to_owned();
+                let running = pump.clone();
+                tokio::spawn(async move { mode.run_pump(thread, running).await });
+            }
+        }
+        if interrupt {
+            pump.interrupt.store(true, Ordering::SeqCst);
+        }
+        self.step(thread_id, &pump, false).await;
+        pump.wake.notify_one();
+    }
+
+    /// [`kick`](Self::kick) from a pump (boxed: a pump starts pumps).
+    fn kick_again<'a>(
+        &'a self,
+        thread_id: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        Box::pin(self.kick(thread_id, false, true))
+    }
+
+    /// Ends the runs a previous owner left `running`: it was lost (its
+    /// lease was taken), so it can write nothing more for them.
+    async fn end_lost_runs(&self, thread_id: &str) {
+        let runs = self.db.runs();
+        let running = match runs.running(thread_id).await {
+            Ok(running) => running,
+            Err(error) => {
+                tracing::warn!(%error, thread_id, "could not read the thread's runs");
+                return;
+            }
+        };
+        for (run_id, agent_id, last) in running {
+            if self
+                .core
+                .records
+                .get(&run_id)
+                .is_some_and(|e| e.driven_here() && e.status() != RunStatus::Finished)
+            {
+                continue; // running here: not lost
+            }
+            let lost = Unstarted {
+                run_id: &run_id,
+                thread_id,
+                agent_id: &agent_id,
+                termination: TerminationReason::Error(LOST_RUN.to_owned()),
+                cancel_cause: None,
+                seq: last + 1,
+            };
+            let id = run_id.as_str();
+            let ended = self
+                .end_without_engine(lost, |record, event| async move {
+                    runs.finish(thread_id, id, &record, &[event]).await
+                })
+                .await;
+            match ended {
+                Ok(true) => tracing::warn!(thread_id, run_id, "ended a run whose process was lost"),
+                Ok(false) => {}
+                Err(error) => tracing::warn!(%error, run_id, "could not end a lost run"),
+            }
+        }
+    }
+
+    /// Claims and starts what the thread can run now: its next queued run
+    /// when nothing runs, an `interrupt` one when something does (only
+    /// when one was announced, unless `poll`). Returns whether a run is
+    /// active after it.
+    async fn step(&self, thread_id: &str, pump: &Arc<Pump>, poll: bool) -> bool {
+        let _turn = pump.stepping.lock().await;
+        loop {
+            if pump.closed.load(Ordering::SeqCst) || !pump.ready.load(Ordering::SeqCst) {
+                return false;
+            }
+            if self.core.shutting_down() {
+                return pump.active().is_some();
+            }
+            let active = pump.active().is_some();
+            if pump.claim_failed.swap(false, Ordering::SeqCst) {
+                match self.claimed_unstarted(thread_id).await {
+                    Ok(Some(claimed)) => {
+                        // Started now, as its claim would have (through the
+                        // mailbox, which interrupts an active run).
+                        self.start_claimed(thread_id, pump, claimed).await;
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, thread_id, "could not look for a claimed run");
+                        pump.claim_failed.store(true, Ordering::SeqCst);
+                        return true;
+                    }
+                }
+            }
+            let interrupting = pump.interrupt.swap(false, Ordering::SeqCst);
+            if active && !interrupting && !poll {
+                return true;
+            }
+            match self.db.runs().claim(thread_id, active).await {
+                Ok(Some(claimed)) => self.start_claimed(thread_id, pump, claimed).await,
+                Ok(None) => return active,
+                Err(error) => {
+                    tracing::warn!(%error, thread_id, "could not claim the thread's next run");
+                    pump.claim_failed.store(true, Ordering::SeqCst);
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// A run this process claimed whose claim's answer was lost: `running`
+    /// here in the database, yet no entry here was ever driven for it.
+    async fn claimed_unstarted(
+        &self,
+        thread_id: &str,
+    ) -> Result<Option<Claimed>, rein_postgres::Error> {
+        let claimed = self.db.runs().claimed_here(thread_id).await?;
+        Ok(claimed.into_iter().find(|c| {
+            !self
+                .core
+                .records
+                .get(&c.run_id)
+                .is_some_and(|e| e.driven_here())
+        }))
+    }
+
+    /// Starts a claimed run (through the mailbox, which interrupts the
+    /// thread's active run if there is one).
+    async fn start_claimed(&self, thread_id: &str, pump: &Arc<Pump>, claimed: Claimed) {
+        let records = &self.core.records;
+        let entry = records.get_or_create(
+            &claimed.run_id,
+            thread_id,
+            &claimed.agent_id,
+            None,
+            RunStatus::Running,
+        );
+        entry.set_driven_here();
+        entry.set_running();
+        if claimed.cancel_requested {
+            entry.cancellation().cancel();
+        }
+        let started = match serde_json::from_value::<Vec<Message>>(claimed.messages) {
+            Ok(messages) => {
+                let mut request = RunRequest::new(thread_id, messages)
+                    .with_run_id(&claimed.run_id)
+                    .with_cancellation(entry.cancellation().clone())
+                    .with_event_sink(records.sink(&entry));
+                if !claimed.agent_id.is_empty() {
+                    request = request.with_agent_id(&claimed.agent_id);
+                }
+                self.core
+                    .runtime
+                    .mailbox()
+                    .submit(request)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            Err(e) => Err(format!("its stored messages are unreadable: {e}")),
+        };
+        match started {
+            Ok(handle) => {
+                pump.set_active(Some(entry.clone()));
+                self.drive(thread_id, pump.clone(), entry, handle);
+            }
+            Err(why) => {
+                let runs = self.db.runs();
+                let failed = Unstarted {
+                    run_id: &entry.run_id,
+                    thread_id,
+                    agent_id: &entry.agent_id,
+                    termination: TerminationReason::Error(format!(
+                        "the run could not start: {why}"
+                    )),
+                    cancel_cause: None,
+                    seq: entry.logged() as i64 + 1,
+                };
+                let run_id = entry.run_id.clone();
+                let _ = self
+                    .end_without_engine(failed, |record, event| async move {
+                        retry(WRITE_RETRY, || {
+                            runs.finish(thread_id, &run_id, &record, std::slice::from_ref(&event))
+                        })
+                        .await
+                    })
+                    .await;
+            }
+        }
+    }
+
+    /// Awaits a run started here: writes its events as they come, then its
+    /// last events and record in one statement, and wakes the pump. A
+    /// write the fence refuses means another process owns the thread now:
+    /// this process's entry is dropped, so reads go to the database.
+    fn drive(&self, thread_id: &str, pump: Arc<Pump>, entry: Arc<RunEntry>, handle: RunHandle) {
+        let Some(mode) = self.arc() else {
+            return;
+        };
+        let thread_id = thread_id.to_owned();
+        self.drivers.spawn(async move {
+            let runs = mode.db.runs().clone();
+            let stop = tokio_util::sync::CancellationToken::new();
+            let writer = tokio::spawn(write_events(
+                runs.clone(),
+                thread_id.clone(),
+                entry.clone(),
+                stop.clone(),
+            ));
+            let result = handle.wait().await.unwrap_or_else(|e| {
+                AgentRunResult::new(&entry.run_id, &thread_id, TerminationReason::Error(e.to_string()))
+            });
+            stop.cancel();
+            let written = writer.await.unwrap_or(Written::Refused);
+            let kept = match written {
+                Written::Upto(written) => {
+                    let (rest, _) = entry.events_after(written);
+                    let rest = stored(&rest);
+                    let record = serde_json::to_value(finished_record(
+                        &entry.run_id,
+                        &thread_id,
+                        &entry.agent_id,
+                        &result,
+                    ))
+                    .unwrap_or_default();
+                    match retry(WRITE_RETRY, || runs.finish(&thread_id, &entry.run_id, &record, &rest)).await {
+                        Ok(true) => true,
+                        Ok(false) => {
+                            tracing::warn!(
+                                run_id = entry.run_id,
+                                thread_id,
+                                "the run's record was refused: this process no longer holds the thread"
+                            );
+                            false
+                        }
+                        Err(error) => {
+                            tracing::error!(%error, run_id = entry.run_id, "could not store the run's record");
+                            true
+                        }
+                    }
+                }
+                Written::Refused => false,
+            };
+            if kept {
+                mode.core.records.finish(&entry, result);
+            } else {
+                // What this process logged is not the run's truth.
+                mode.core.records.finish_discarded(&entry, result);
+            }
+            pump.finished(&entry);
+            pump.wake.notify_one();
+        });
+    }
+
+    /// Works on a held thread until it has nothing left, then gives it up.
+    async fn run_pump(self: Arc<Self>, thread_id: String, pump: Arc<Pump>) {
+        let closing = self.core.closing.clone();
+        loop {
+            let mut poll = false;
+            tokio::select! {
+                _ = pump.wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => poll = true,
+                _ = closing.cancelled() => {}
+            }
+            let busy = self.step(&thread_id, &pump, poll).await;
+            if busy {
+                continue;
+            }
+            // Idle: give the thread up — in turn with claims, so no run
+            // starts here once the lease is going. Then, if work came in
+            // meanwhile (its submitter found this pump closing), take the
+            // thread again through a fresh pump.
+            {
+                let _turn = pump.stepping.lock().await;
+                if pump.active().is_some() {
+                    continue;
+                }
+                pump.closed.store(true, Ordering::SeqCst);
+                self.db.release(&thread_id).await;
+                self.drop_pump(&thread_id, &pump);
+            }
+            if matches!(self.db.runs().has_open(&thread_id).await, Ok(true)) {
+                self.kick_again(&thread_id).await;
+            }
+            return;
+        }
+    }
+}
+
+/// How far a run's events were written.
+enum Written {
+    /// Every event up to this number is stored.
+    Upto(u64),
+    /// The fence refused a write: this process lost the thread.
+    Refused,
+}
+
+/// Writes a run's events to the database as they are logged, in batches,
+/// until `stop`. A write the fence refuses cancels the run (this process
+/// lost the thread).
+async fn write_events(
+    runs: PgRuns,
+    thread_id: String,
+    entry: Arc<RunEntry>,
+    stop: tokio_util::sync::CancellationToken,
+) -> Written {
+    let mut written = 0;
+    let mut changes = entry.watch();
+    loop {
+        let (events, _) = entry.events_after(written);
+        if let Some(last) = events.last().map(|e| e.seq) {
+            let batch = stored(&events);
+            match retry(WRITE_RETRY, || {
+                runs.append_events(&thread_id, &entry.run_id, &batch)
+            })
+            .await
+            {
+                Ok(true) => written = last,
+                Ok(false) => {
+                    tracing::warn!(
+                        run_id = entry.run_id,
+                        thread_id,
+                        "the run's events were refused: this process no longer holds the thread; cancelling the run"
+                    );
+                    entry.cancellation().cancel();
+                    return Written::Refused;
+                }
+                Err(error) => {
+                    tracing::error!(%error, run_id = entry.run_id, "could not store the run's events");
+                    return Written::Upto(written);
+                }
+            }
+            continue;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return Written::Upto(written),
+            changed = changes.changed() => if changed.is_err() { return Written::Upto(written) },
+        }
+        // Linger: a burst of events (a quick run's all of them) becomes
+        // one statement — or none, if the run ends meanwhile (its finish
+        // writes the rest).
+        tokio::select! {
+            _ = stop.cancelled() => return Written::Upto(written),
+            _ = tokio::time::sleep(EVENT_LINGER) => {}
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! The in-process mode: one process, its threads' lanes in memory.
+//!
+//! Each thread has a **lane**: a submission lock, its active run, its
+//! FIFO queue (`enqueue`), its idempotency keys and the client message
+//! ids it has seen (AG-UI).
+//!
+//! **Invariant:** submissions to one thread are serialized by the lane's
+//! submission lock, from the idempotency and message-id checks to
+//! recording the key and the ids, so concurrent duplicates get the first
+//! submission's run and append nothing.
+//!
+//! **Invariant:** a queued run starts only when the lane's active run has
+//! finished (its driver clears `active` under the submission lock, then
+//! starts the queue's head); an `interrupt` submission holds the lock while
+//! it interrupts and starts, so a finishing run never starts the queue
+//! ahead of it.
+//!
+//! **Invariant:** every accepted run ends with a result and a
+//! `run_finished` event in its record — also a queued run that is
+//! cancelled, or refused when its turn comes (e.g. at shutdown).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use rein_runtime::{AgentRunResult, RunHandle, RunRequest};
+use rein_runtime_contract::event::CancelCause;
+use rein_runtime_contract::lifecycle::TerminationReason;
+
+use crate::core::Core;
+use crate::error::ServiceError;
+use crate::mode::Mode;
+use crate::records::{RunEntry, RunStatus};
+use crate::submission::{Strategy, Submission, Submitted};
+
+/// The in-process mode.
+#[derive(Debug)]
+pub(crate) struct InProcess {
+    core: Arc<Core>,
+    lanes: Mutex<HashMap<String, Arc<Lane>>>,
+    me: Weak<InProcess>,
+}
+
+#[derive(Debug, Default)]
+struct Lane {
+    submit: tokio::sync::Mutex<()>,
+    state: Mutex<LaneState>,
+}
+
+#[derive(Debug, Default)]
+struct LaneState {
+    active: Option<String>,
+    queue: VecDeque<Queued>,
+    keys: HashMap<String, String>,
+    /// Client message ids the thread has seen (AG-UI). Kept while the
+    /// thread is, so a lane with some is never tidied away.
+    message_ids: HashSet<String>,
+}
+
+#[derive(Debug)]
+struct Queued {
+    entry: Arc<RunEntry>,
+    request: RunRequest,
+}
+
+impl Lane {
+    fn state(&self) -> MutexGuard<'_, LaneState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl InProcess {
+    /// The mode, with its retention sweeper started.
+    pub(crate) fn start(core: Arc<Core>) -> Arc<Self> {
+        let mode = Arc::new_cyclic(|me| Self {
+            core: core.clone(),
+            lanes: Mutex::default(),
+            me: me.clone(),
+        });
+        let ttl = core.settings.retention.finished_run_ttl_seconds;
+        let every = Duration::from_secs(ttl.clamp(1, 120)).div_f64(4.0);
+        core.every(every, Arc::downgrade(&mode), |mode: Arc<Self>| async move {
+            let dropped = mode.core.records.sweep();
+            mode.forget_keys(dropped);
+        });
+        mode
+    }
+
+    fn lanes(&self) -> MutexGuard<'_, HashMap<String, Arc<Lane>>> {
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lane(&self, thread_id: &str) -> Arc<Lane> {
+        self.lanes()
+            .entry(thread_id.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Drops a lane that holds nothing and that nobody else holds.
+    fn tidy(&self, thread_id: &str) {
+        let mut lanes = self.lanes();
+        if let Some(lane) = lanes.get(thread_id)
+            && Arc::strong_count(lane) == 1
+        {
+            let state = lane.state();
+            let idle = state.active.is_none()
+                && state.queue.is_empty()
+                && state.keys.is_empty()
+                && state.message_ids.is_empty();
+            drop(state);
+            if idle {
+                lanes.remove(thread_id);
+            }
+        }
+    }
+
+    async fn submit_in(
+        &self,
+        lane: &Arc<Lane>,
+        thread_id: &str,
+        s: Submission,
+    ) -> Result<Submitted, ServiceError> {
+        let _serial = lane.submit.lock().await;
+        let core = &self.core;
+        if let Some(key) = &s.idempotency_key {
+            let known = lane.state().keys.get(key).cloned();
+            if let Some(entry) = known.and_then(|run_id| core.records.get(&run_id)) {
+                return Ok(Submitted::Duplicate(entry));
+            }
+        }
+        let (messages, new_ids) = s.unseen(&lane.state().message_ids);
+        let (request, agent_id) = core
+            .checked_request(thread_id, s.agent_id.as_deref(), messages)
+            .await?;
+        let busy = {
+            let state = lane.state();
+            state.active.is_some() || !state.queue.is_empty()
+        };
+        let status = match (busy, s.strategy) {
+            (true, Strategy::Reject) => {
+                return Err(ServiceError::ThreadBusy {
+                    thread_id: thread_id.to_owned(),
+                });
+            }
+            (true, Strategy::Enqueue) => RunStatus::Queued,
+            _ => RunStatus::Running,
+        };
+        let key = s.idempotency_key.clone();
+        let entry = match &s.run_id {
+            Some(run_id) => core
+                .records
+                .create(run_id, thread_id, &agent_id, key, status)
+                .ok_or_else(|| ServiceError::RunIdInUse {
+                    run_id: run_id.clone(),
+                })?,
+            // A made id skips any a client chose: it is never refused.
+            None => loop {
+                let run_id = core.runtime.next_id("run");
+                if let Some(entry) =
+                    core.records
+                        .create(&run_id, thread_id, &agent_id, key.clone(), status)
+                {
+                    break entry;
+                }
+            },
+        };
+        let run_id = entry.run_id.clone();
+        let request = request
+            .with_run_id(&run_id)
+            .with_cancellation(entry.cancellation().clone())
+            .with_event_sink(core.records.sink(&entry));
+        if status == RunStatus::Queued {
+            lane.state().queue.push_back(Queued {
+                entry: entry.clone(),
+                request,
+            });
+        } else {
+            match core.runtime.mailbox().submit(request).await {
+                Ok(handle) => {
+                    lane.state().active = Some(run_id.clone());
+                    self.drive(lane.clone(), entry.clone(), handle);
+                }
+                Err(e) => {
+                    core.records.discard(&run_id);
+                    return Err(e.into());
+                }
+            }
+        }
+        let mut state = lane.state();
+        if let Some(key) = s.idempotency_key {
+            state.keys.insert(key, run_id);
+        }
+        state.message_ids.extend(new_ids);
+        Ok(Submitted::New(entry))
+    }
+
+    /// Awaits a started run, records its result, and starts the lane's
+    /// next queued run.
+    fn drive(&self, lane: Arc<Lane>, entry: Arc<RunEntry>, handle: RunHandle) {
+        let Some(mode) = self.me.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let result = handle.wait().await.unwrap_or_else(|e| {
+                AgentRunResult::new(
+                    &entry.run_id,
+                    &entry.thread_id,
+                    TerminationReason::Error(e.to_string()),
+                )
+            });
+            let dropped = mode.core.records.finish(&entry, result);
+            mode.forget_keys(dropped);
+            let serial = lane.submit.lock().await;
+            let mine = {
+                let mut state = lane.state();
+                let mine = state.active.as_deref() == Some(entry.run_id.as_str());
+                if mine {
+                    state.active = None;
+                }
+                mine
+            };
+            if mine {
+                mode.start_next(&lane).await;
+            }
+            drop(serial);
+            drop(lane);
+            mode.tidy(&entry.thread_id);
+        });
+    }
+
+    /// Starts the lane's next queued run; the caller holds the lane's
+    /// submission lock and the lane has no active run.
+    async fn start_next(&self, lane: &Arc<Lane>) {
+        loop {
+            let next = {
+                let mut state = lane.state();
+                let next = state.queue.pop_front();
+                if let Some(q) = &next {
+                    q.entry.set_running();
+                }
+                next
+            };
+            let Some(Queued { entry, request }) = next else {
+                return;
+            };
+            if self.core.shutting_down() {
+                self.finish_unstarted(
+                    &entry,
+                    TerminationReason::Cancelled,
+                    Some(CancelCause::Shutdown),
+                );
+                continue;
+            }
+            match self.core.runtime.mailbox().submit(request).await {
+                Ok(handle) => {
+                    lane.state().active = Some(entry.run_id.clone());
+                    self.drive(lane.clone(), entry, handle);
+                    return;
+                }
+                Err(e) => {
+                    let reason =
+                        TerminationReason::Error(format!("the queued run could not start: {e}"));
+                    self.finish_unstarted(&entry, reason, None);
+                }
+            }
+        }
+    }
+
+    fn finish_unstarted(
+        &self,
+        entry: &RunEntry,
+        termination: TerminationReason,
+        cause: Option<CancelCause>,
+    ) {
+        let dropped = self
+            .core
+            .records
+            .finish_unstarted(entry, termination, cause);
+        self.forget_keys(dropped);
+    }
+
+    /// Removes the idempotency keys of dropped records.
+    fn forget_keys(&self, dropped: Vec<(String, String)>) {
+        for (thread_id, key) in dropped {
+            let lane = self.lanes().get(&thread_id).cloned();
+            if let Some(lane) = lane {
+                lane.state().keys.remove(&key);
+                drop(lane);
+                self.tidy(&thread_id);
+            }
+        }
+    }
+
+    fn drain_queue(&self, lane: &Lane, cause: CancelCause) {
+        let queued: Vec<Queued> = lane.state().queue.drain(..).collect();
+        for q in queued {
+            self.finish_unstarted(&q.entry, TerminationReason::Cancelled, Some(cause.clone()));
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Mode for InProcess {
+    async fn submit(&self, thread_id: &str, s: Submission) -> Result<Submitted, ServiceError> {
+        let lane = self.lane(thread_id);
+        let outcome = self.submit_in(&lane, thread_id, s).await;
+        drop(lane);
+        if outcome.is_err() {
+            self.tidy(thread_id);
+        }
+        outcome
+    }
+
+    async fn run(&self, run_id: &str) -> Result<Arc<RunEntry>, ServiceError> {
+        self.core
+            .records
+            .get(run_id)
+            .ok_or_else(|| ServiceError::unknown_run(run_id))
+    }
+
+    async fn cancel_run(&self, run_id: &str) -> Result<bool, ServiceError> {
+        let entry = self.run(run_id).await?;
+        if entry.status() == RunStatus::Finished {
+            return Ok(false);
+        }
+        // A queued run leaves its queue and ends now.
+        let lane = self.lane(&entry.thread_id);
+        let queued = {
+            let mut state = lane.state();
+            let at = state.queue.iter().position(|q| q.entry.run_id == run_id);
+            at.and_then(|i| state.queue.remove(i))
+        };
+        drop(lane);
+        match queued {
+            Some(q) => self.finish_unstarted(
+                &q.entry,
+                TerminationReason::Cancelled,
+                Some(CancelCause::Requested),
+            ),
+            // Running, or about to start: its token ends it either way.
+            None => entry.cancellation().cancel(),
+        }
+        self.tidy(&entry.thread_id);
+        Ok(true)
+    }
+
+    async fn cancel_tool_call_elsewhere(
+        &self,
+        run_id: &str,
+        _call_id: &str,
+    ) -> Result<bool, ServiceError> {
+        let entry = self.run(run_id).await?;
+        Err(ServiceError::RunNotRunning {
+            run_id: run_id.to_owned(),
+            status: entry.status(),
+        })
+    }
+
+    async fn cancel_thread(&self, thread_id: &str) -> (bool, bool) {
+        let runtime = &self.core.runtime;
+        if !runtime.is_thread_active(thread_id) {
+            return (false, true);
+        }
+        let released = runtime.cancel_and_wait_by_thread(thread_id).await;
+        (true, released || !runtime.is_thread_active(thread_id))
+    }
+
+    async fn delete_thread(&self, thread_id: &str) -> Result<(), ServiceError> {
+        let lane = self.lane(thread_id);
+        let serial = lane.submit.lock().await;
+        self.drain_queue(&lane, CancelCause::Requested);
+        let outcome = self.core.runtime.delete_thread(thread_id).await;
+        if outcome.is_ok() {
+            let mut state = lane.state();
+            state.keys.clear();
+            state.message_ids.clear();
+        }
+        drop(serial);
+        drop(lane);
+        self.tidy(thread_id);
+        Ok(outcome?)
+    }
+
+    async fn remember_message_ids(
+        &self,
+        thread_id: &str,
+        ids: Vec<String>,
+    ) -> Result<(), ServiceError> {
+        if !ids.is_empty() {
+            self.lane(thread_id).state().message_ids.extend(ids);
+        }
+        Ok(())
+    }
+
+    async fn health(&self) -> Result<(), ServiceError> {
+        Ok(())
+    }
+
+    async fn shutdown(&self) {
+        let lanes: Vec<Arc<Lane>> = self.lanes().values().cloned().collect();
+        for lane in lanes {
+            self.drain_queue(&lane, CancelCause::Shutdown);
+        }
+        self.core.runtime.shutdown().await;
+    }
+}

@@ -1,0 +1,60 @@
+//! [`Mode`]: the one seam between the service and where its runs are
+//! coordinated. A service picks its mode once, at construction; every
+//! call the service answers goes through it, with no per-call checks of
+//! which mode is in use.
+//!
+//! Two modes implement it: [`InProcess`](crate::in_process::InProcess)
+//! (lanes in memory) and, with the `postgres` feature,
+//! [`Distributed`](crate::Distributed) (the database is the truth). A
+//! further backend (another database, a queue) would be one more type
+//! implementing this trait.
+
+use std::sync::Arc;
+
+use crate::error::ServiceError;
+use crate::records::RunEntry;
+use crate::submission::{Submission, Submitted};
+
+/// Where runs are coordinated. Methods mirror `Service`'s; their errors
+/// and cancel safety are documented there.
+#[async_trait::async_trait]
+pub(crate) trait Mode: Send + Sync + std::fmt::Debug {
+    /// Accepts a checked submission (ids validated, not shutting down).
+    async fn submit(&self, thread_id: &str, s: Submission) -> Result<Submitted, ServiceError>;
+
+    /// A run's entry, up to date with the mode's truth, followed until it
+    /// finishes.
+    async fn run(&self, run_id: &str) -> Result<Arc<RunEntry>, ServiceError>;
+
+    /// Cancels a run, queued or running.
+    async fn cancel_run(&self, run_id: &str) -> Result<bool, ServiceError>;
+
+    /// A tool call that is not running in this process: asks the process
+    /// running it, or says why it cannot be cancelled.
+    async fn cancel_tool_call_elsewhere(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<bool, ServiceError>;
+
+    /// Cancels the thread's running run and waits, bounded.
+    async fn cancel_thread(&self, thread_id: &str) -> (bool, bool);
+
+    /// Ends the thread's runs and drops its history and keys.
+    async fn delete_thread(&self, thread_id: &str) -> Result<(), ServiceError>;
+
+    /// Records client message ids the thread has now been sent (AG-UI:
+    /// the ids of the messages a run emitted).
+    async fn remember_message_ids(
+        &self,
+        thread_id: &str,
+        ids: Vec<String>,
+    ) -> Result<(), ServiceError>;
+
+    /// Whether the mode's store answers.
+    async fn health(&self) -> Result<(), ServiceError>;
+
+    /// Ends queued runs (or leaves them to others), cancels and awaits
+    /// running ones; the core's loops are stopped after it.
+    async fn shutdown(&self);
+}
