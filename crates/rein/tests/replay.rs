@@ -22,6 +22,33 @@ use serde_json::json;
 
 /// Records one run of a model that searches six times, then asks the user.
 async fn recorded() -> String {
+    let mut script: Vec<ScriptedResponse> = (0..6)
+        .map(|_| ScriptedResponse::tool_call("search", json!({"q": "rust"})))
+        .collect();
+    script.push(ScriptedResponse::text(
+        "I found three crates. Which one do you prefer?",
+    ));
+    let (text, result) = record(script).await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    text
+}
+
+/// A runtime of `agent` on `script`, with the `search` tool and retries
+/// without waiting.
+fn runtime_of(script: Vec<ScriptedResponse>, agent: AgentSpec) -> AgentRuntime {
+    builder_with(ScriptedExecutor::new(script), agent)
+        .with_tool("search", Arc::new(Echo("search")))
+        .with_retry_backoff(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(1),
+        )
+        .build()
+        .unwrap()
+}
+
+/// Records a run of `script` by an agent without conditions: the
+/// recording and the run's result.
+async fn record(script: Vec<ScriptedResponse>) -> (String, AgentRunResult) {
     let path = std::env::temp_dir().join(format!(
         "rein-replay-{}-{}.jsonl",
         std::process::id(),
@@ -30,22 +57,56 @@ async fn recorded() -> String {
             .unwrap()
             .as_nanos()
     ));
-    let mut script: Vec<ScriptedResponse> = (0..6)
-        .map(|_| ScriptedResponse::tool_call("search", json!({"q": "rust"})))
-        .collect();
-    script.push(ScriptedResponse::text(
-        "I found three crates. Which one do you prefer?",
-    ));
-    let runtime = builder_with(ScriptedExecutor::new(script), spec())
-        .with_tool("search", Arc::new(Echo("search")))
-        .build()
-        .unwrap();
     let sink = Arc::new(JsonlSink::create(&path).unwrap());
-    let result = runtime.run(user("t", "find a crate"), sink).await.unwrap();
-    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    let result = runtime_of(script, spec())
+        .run(user("t", "find a crate"), sink)
+        .await
+        .unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
     let _ = std::fs::remove_file(&path);
-    text
+    (text, result)
+}
+
+/// What a live run of `script` by `agent` detected, by round, then how it
+/// stopped, as replay lists firings.
+async fn live_firings(
+    script: Vec<ScriptedResponse>,
+    agent: AgentSpec,
+) -> Vec<(u32, String, String)> {
+    use rein::contract::event::AgentEvent;
+    let sink = Arc::new(CollectingSink::new());
+    let result = runtime_of(script, agent)
+        .run(user("t", "find a crate"), sink.clone())
+        .await
+        .unwrap();
+    let mut round = 0;
+    let mut live: Vec<(u32, String, String)> = Vec::new();
+    for event in sink.events() {
+        match event {
+            AgentEvent::StepStarted { .. } | AgentEvent::RetryStarted { .. } => round += 1,
+            AgentEvent::Detected { code, action, .. } => live.push((round, code, action)),
+            _ => {}
+        }
+    }
+    if let Some(stop) = result.termination.stop_code() {
+        live.push((result.steps, stop.to_owned(), "stop".to_owned()));
+    }
+    live
+}
+
+/// The firings of the one run replayed from `recording`, up to and with
+/// the first stop (what a live run can show).
+fn until_first_stop(recording: &str, agent: &AgentSpec) -> Vec<(u32, String, String)> {
+    let runs = replay(agent, &read_recording(recording).unwrap());
+    assert_eq!(runs.len(), 1);
+    let mut firings = Vec::new();
+    for f in &runs[0].firings {
+        firings.push((f.round, f.code.clone(), f.action.clone()));
+        if f.action == "stop" {
+            break;
+        }
+    }
+    firings
 }
 
 fn codes(firings: &[Firing]) -> Vec<(u32, &str, &str)> {
@@ -152,4 +213,56 @@ async fn a_deny_ladder_replays_as_the_live_run_applies_it() {
         replayed.iter().filter(|(_, _, a)| a == "deny").count() == 2,
         "{replayed:?}"
     );
+}
+
+#[tokio::test]
+async fn a_failed_attempt_is_judged_by_error_rate_before_the_guard_in_replay_as_in_a_live_run() {
+    // Both fire on the second failed attempt; `consecutive_errors` is
+    // listed first, but the loop shows a failed attempt to `error_rate`
+    // before its guard evaluates the policies.
+    let failing = || {
+        ScriptedResponse::error(rein::contract::inference::InferenceError::new(
+            rein::contract::inference::InferenceErrorKind::Server,
+            "503 from upstream",
+        ))
+    };
+    let script = || vec![failing(), failing(), ScriptedResponse::text("done")];
+    let agent = spec()
+        .with_stop_condition(StopConditionSpec::ConsecutiveErrors { max: 2 })
+        .with_stop_condition(StopConditionSpec::ErrorRate {
+            errors: 2,
+            within_seconds: 60,
+        });
+    let (recording, result) = record(script()).await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+
+    let live = live_firings(script(), agent.clone()).await;
+    assert_eq!(live, [(2, "error_rate".to_owned(), "stop".to_owned())]);
+    assert_eq!(until_first_stop(&recording, &agent), live);
+}
+
+#[tokio::test]
+async fn a_guard_stop_comes_before_the_round_s_tool_errors_in_replay_as_in_a_live_run() {
+    // The model calls a tool that does not exist: every result is an
+    // error. In round 2, `max_rounds` stops the run after the inference,
+    // before the call runs; the recording has its error, which
+    // `error_rate` would count as its second.
+    let script = || {
+        let mut script: Vec<ScriptedResponse> = (0..3)
+            .map(|_| ScriptedResponse::tool_call("missing", json!({"q": "rust"})))
+            .collect();
+        script.push(ScriptedResponse::text("done"));
+        script
+    };
+    let agent = spec()
+        .with_stop_condition(StopConditionSpec::ErrorRate {
+            errors: 2,
+            within_seconds: 60,
+        })
+        .with_stop_condition(StopConditionSpec::MaxRounds { rounds: 2 });
+    let (recording, _) = record(script()).await;
+
+    let live = live_firings(script(), agent.clone()).await;
+    assert_eq!(live, [(2, "max_rounds".to_owned(), "stop".to_owned())]);
+    assert_eq!(until_first_stop(&recording, &agent), live);
 }

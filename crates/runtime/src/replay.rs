@@ -23,11 +23,11 @@
 //! each firing is where the configured conditions *would* have acted, and
 //! the recorded run goes on as it went.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rein_runtime_contract::event::{AgentEvent, EventSink};
 use rein_runtime_contract::inference::InferenceResponse;
@@ -36,8 +36,9 @@ use rein_runtime_contract::spec::AgentSpec;
 use serde::{Deserialize, Serialize};
 
 use crate::agent::{Agent, GuardItem};
-use crate::detectors::{CallRecord, Detectors, Verdict};
-use crate::policies::{InferenceRecord, StopDecision, StopPolicyStats, record_inference};
+use crate::agent_loop::judge::{Act, Judge, Screened};
+use crate::detectors::Verdict;
+use crate::policies::StopPolicyStats;
 
 /// An [`EventSink`] that appends every event, with its time, as one JSON
 /// line to a file (see the [module docs](self)).
@@ -179,38 +180,80 @@ pub fn replay(spec: &AgentSpec, recording: &[Recorded]) -> Vec<RunReplay> {
 /// The state of one run being replayed.
 struct Replayer {
     guard: Vec<GuardItem>,
-    detectors: Detectors,
+    judge: Judge,
     stats: StopPolicyStats,
-    /// Policies that fired already (a policy keeps holding once it does),
-    /// and detectors that would have stopped the run: what they see after
-    /// that is not reported.
-    fired: BTreeSet<String>,
+    report: Report,
+    text: String,
+    /// The round's calls as they started, with when the first started
+    /// (the answer's end).
+    calls: Vec<ToolCall>,
+    answered_at: Option<u64>,
+    /// The round's results, in the order the loop recorded them (call
+    /// order), with their times.
+    results: Vec<(ToolResult, u64)>,
+    open: bool,
+}
+
+/// The firings of one run: how replay acts on the judge's verdicts.
+struct Report {
     firings: Vec<Firing>,
     round: u32,
-    text: String,
-    calls: Vec<ToolCall>,
-    results: Vec<ToolResult>,
-    /// Calls of the round a `deny` step would have refused: as in a live
-    /// run, they are not observed as run (their errors and results do not
-    /// count).
-    denied: BTreeSet<String>,
-    open: bool,
+    /// Whether a stop or another round was asked for in this round.
+    stopping: bool,
+    another_round: bool,
+}
+
+impl Act for Report {
+    fn stopping(&self) -> bool {
+        self.stopping
+    }
+
+    fn another_round(&self) -> bool {
+        self.another_round
+    }
+
+    fn act(&mut self, verdict: Verdict) {
+        let (code, detail, action) = match verdict {
+            Verdict::Stop(r) => {
+                self.stopping = true;
+                (r.code, r.detail, "stop")
+            }
+            Verdict::Warn(r) => (r.code, r.detail, "warn"),
+            Verdict::Deny(r) => (r.code, r.detail, "deny"),
+            Verdict::Nudge(text) => {
+                self.another_round = true;
+                (
+                    crate::detectors::nudge_code(&text).to_owned(),
+                    text,
+                    "nudge",
+                )
+            }
+        };
+        self.firings.push(Firing {
+            round: self.round,
+            code,
+            action: action.to_owned(),
+            detail,
+        });
+    }
 }
 
 impl Replayer {
     fn new(spec: &AgentSpec) -> Self {
-        let rules = std::sync::Arc::new(spec.tool_rules.clone());
         Self {
             guard: Agent::guard_items(spec),
-            detectors: Detectors::new(&spec.stop_conditions, &spec.escalation, &rules),
+            judge: Judge::replay(spec),
             stats: StopPolicyStats::default(),
-            fired: BTreeSet::new(),
-            firings: Vec::new(),
-            round: 0,
+            report: Report {
+                firings: Vec::new(),
+                round: 0,
+                stopping: false,
+                another_round: false,
+            },
             text: String::new(),
             calls: Vec::new(),
+            answered_at: None,
             results: Vec::new(),
-            denied: BTreeSet::new(),
             open: false,
         }
     }
@@ -223,15 +266,16 @@ impl Replayer {
             match &r.event {
                 AgentEvent::StepStarted { .. } | AgentEvent::RetryStarted { .. } => {
                     self.end_round(at);
-                    self.round += 1;
+                    self.report.round += 1;
+                    self.report.stopping = false;
+                    self.report.another_round = false;
                     self.open = true;
-                    self.detectors.start_response();
+                    self.judge.start_response();
                 }
-                AgentEvent::TextDelta { delta, .. } => {
+                // What streams after a cut was never read.
+                AgentEvent::TextDelta { delta, .. } if !self.judge.is_cut() => {
                     self.text.push_str(delta);
-                    if let Some(v) = self.detectors.observe_text(delta) {
-                        self.fire(v);
-                    }
+                    self.judge.text(delta, &mut self.report);
                 }
                 AgentEvent::ToolCallStarted {
                     call_id,
@@ -239,16 +283,8 @@ impl Replayer {
                     arguments,
                     ..
                 } => {
+                    self.answered_at.get_or_insert(at);
                     let call = ToolCall::new(call_id.clone(), name.clone(), arguments.clone());
-                    // Screened before it runs, as the loop does.
-                    if self.detectors.denies()
-                        && let Some(verdict) = self.detectors.screen(&call)
-                    {
-                        if matches!(verdict, Verdict::Deny(_)) {
-                            self.denied.insert(call_id.clone());
-                        }
-                        self.fire(verdict);
-                    }
                     self.calls.push(call);
                 }
                 AgentEvent::ToolCallFinished {
@@ -258,24 +294,26 @@ impl Replayer {
                     is_error,
                     ..
                 } => {
-                    self.results.push(ToolResult {
+                    let result = ToolResult {
                         call_id: call_id.clone(),
                         name: name.clone(),
                         content: result.clone(),
                         is_error: *is_error,
-                    });
-                    if *is_error && !self.denied.contains(call_id) {
-                        self.error(at);
-                    }
+                    };
+                    self.results.push((result, at));
                 }
-                AgentEvent::InferenceRetry { .. } => {
+                AgentEvent::InferenceRetry { error, .. } => {
                     // The round's attempt failed: no answer to judge.
                     self.open = false;
                     self.text.clear();
                     self.calls.clear();
-                    record_inference(&mut self.stats, InferenceRecord::Failed, at);
-                    self.guard_check();
-                    self.error(at);
+                    self.results.clear();
+                    self.answered_at = None;
+                    let at = Duration::from_millis(at);
+                    self.judge.failed(&mut self.stats, at, &mut self.report);
+                    let error: &dyn std::fmt::Display = error;
+                    self.judge
+                        .guard(&self.guard, &self.stats, Some(error), &mut self.report);
                 }
                 AgentEvent::RunFinished {
                     termination, usage, ..
@@ -283,7 +321,8 @@ impl Replayer {
                     self.end_round(at);
                     self.stats.total_input_tokens = usage.input_tokens;
                     self.stats.total_output_tokens = usage.output_tokens;
-                    self.guard_check();
+                    self.judge
+                        .run_end(&self.guard, &self.stats, &mut self.report);
                     ended = Some(termination.code().to_owned());
                 }
                 _ => {}
@@ -292,112 +331,59 @@ impl Replayer {
         self.end_round(events.last().map_or(0, |r| r.at_ms.saturating_sub(start)));
         RunReplay {
             run_id: run_id.to_owned(),
-            rounds: self.round,
+            rounds: self.report.round,
             ended,
-            firings: self.firings,
+            firings: self.report.firings,
         }
     }
 
-    /// Judges the round that is open, as the run loop does after an
-    /// inference and after its tool results.
+    /// Feeds the judge the round that is open, as the run loop does: the
+    /// answer, the guard, then its calls before they run and their
+    /// results, or the final answer.
     fn end_round(&mut self, at: u64) {
         if !std::mem::take(&mut self.open) {
             return;
         }
+        let mut calls = std::mem::take(&mut self.calls);
+        let results = std::mem::take(&mut self.results);
+        if self.judge.is_cut() {
+            // The calls of a cut answer are not run.
+            calls.clear();
+        }
+        // The calls in the answer's order: the loop records the results in
+        // it (a denied call is reported as started before the others).
+        let finished = |c: &ToolCall| {
+            results
+                .iter()
+                .position(|(r, _)| r.call_id == c.id)
+                .unwrap_or(usize::MAX)
+        };
+        calls.sort_by_key(finished);
         let response = InferenceResponse {
             text: std::mem::take(&mut self.text),
-            tool_calls: std::mem::take(&mut self.calls),
+            tool_calls: calls,
             ..InferenceResponse::default()
         };
-        record_inference(&mut self.stats, InferenceRecord::Succeeded(&response), at);
-        self.guard_check();
-        let results = std::mem::take(&mut self.results);
-        let denied = std::mem::take(&mut self.denied);
-        let pairs: Vec<(&ToolCall, &ToolResult)> = response
-            .tool_calls
-            .iter()
-            .filter(|c| !denied.contains(&c.id))
-            .filter_map(|c| results.iter().find(|r| r.call_id == c.id).map(|r| (c, r)))
-            .collect();
-        let records = CallRecord::of_round(&pairs);
-        // As the loop does for a round with calls, even when all were
-        // denied (no records).
-        if !response.tool_calls.is_empty() {
-            for v in self.detectors.observe_tool_results_each(&records) {
-                self.fire(v);
-            }
-            if let Some(v) = self.detectors.observe_progress(&records) {
-                self.fire(v);
-            }
-        }
-        if response.tool_calls.is_empty()
-            && let Some(v) = self.detectors.observe_final(&response.text)
-        {
-            self.fire(v);
-        }
-    }
-
-    /// The statistics policies and stuck detectors, in the guard's order.
-    fn guard_check(&mut self) {
-        let mut verdicts = Vec::new();
-        for item in &self.guard {
-            match item {
-                GuardItem::Policy(policy) => {
-                    if let StopDecision::Stop { code, detail } = policy.evaluate(&self.stats)
-                        && self.fired.insert(code.clone())
-                    {
-                        verdicts.push(Verdict::Stop(
-                            rein_runtime_contract::lifecycle::StoppedReason::new(code, detail),
-                        ));
-                    }
-                }
-                GuardItem::Stuck(i) => {
-                    if let Some(v) = self
-                        .detectors
-                        .stuck
-                        .get_mut(*i)
-                        .and_then(|d| d.check(&self.stats))
-                    {
-                        verdicts.push(v);
-                    }
-                }
-            }
-        }
-        for v in verdicts {
-            self.fire(v);
-        }
-    }
-
-    fn error(&mut self, at: u64) {
-        let after = std::time::Duration::from_millis(at);
-        if let Some(v) = self.detectors.observe_error(after) {
-            self.fire(v);
-        }
-    }
-
-    fn fire(&mut self, verdict: Verdict) {
-        let (code, detail, action) = match verdict {
-            Verdict::Stop(r) => (r.code, r.detail, "stop"),
-            Verdict::Warn(r) => (r.code, r.detail, "warn"),
-            Verdict::Deny(r) => (r.code, r.detail, "deny"),
-            Verdict::Nudge(text) => (
-                crate::detectors::nudge_code(&text).to_owned(),
-                text,
-                "nudge",
-            ),
-        };
-        let stopped = self
-            .firings
-            .iter()
-            .any(|f| f.code == code && f.action == "stop");
-        if stopped {
+        let answered = self.answered_at.take().unwrap_or(at);
+        let report = &mut self.report;
+        self.judge
+            .answered(&mut self.stats, &response, Duration::from_millis(answered));
+        self.judge.guard(&self.guard, &self.stats, None, report);
+        if response.tool_calls.is_empty() {
+            self.judge.final_answer(&response.text, report);
             return;
         }
-        self.firings.push(Firing {
-            round: self.round,
-            code,
-            action: action.to_owned(),
-            detail,
-        });
+        for (i, call) in response.tool_calls.iter().enumerate() {
+            if let Screened::Denied(denial) = self.judge.screen(i, call, report) {
+                self.judge.refuse(denial, report);
+            }
+        }
+        for (i, call) in response.tool_calls.iter().enumerate() {
+            if let Some((result, at)) = results.iter().find(|(r, _)| r.call_id == call.id) {
+                let at = Duration::from_millis(*at);
+                self.judge.tool_result(i, call, result, || at, report);
+            }
+        }
+        self.judge.round_results(report);
     }
 }

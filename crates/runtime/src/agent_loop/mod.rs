@@ -22,11 +22,16 @@
 //! **Invariant 3:** `finish` repairs the history before anything is
 //! persisted for the last time, so the stored history is valid.
 //!
+//! Run control (statistics policies, detectors, escalation ladders, the
+//! built-in guard) is [`judge`]'s: the loop feeds it what the run does and
+//! acts on its verdicts; `rein replay` feeds the same judge a recording.
+//!
 //! This module does not own the thread's slot; the caller's `SlotGuard`
 //! releases it after [`execute`] returns.
 
 mod backoff;
 mod context;
+pub(crate) mod judge;
 mod report;
 mod tools;
 
@@ -50,15 +55,16 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::active_runs::RunControl;
-use crate::agent::{Agent, GuardItem};
+use crate::agent::Agent;
 use crate::context::ContextWindow;
-use crate::detectors::{Detectors, Verdict};
+use crate::detectors::Verdict;
 use crate::history;
 use crate::phase::{Directives, HookFailure, PhaseContext, RunIdentity, dispatch, panic_message};
 use crate::plugins::EmittedOutputs;
-use crate::policies::{InferenceRecord, StopDecision, StopStatsKey, record_inference};
+use crate::policies::StopStatsKey;
 use crate::run::AgentRunResult;
 use crate::state::RunState;
+use judge::{Act, Judge};
 
 /// The most summarizing calls made before one inference: a history many
 /// windows long is summarized in passes of half a window each.
@@ -133,11 +139,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
             run_id: control.run_id.to_string(),
             agent_id: agent.spec.id.clone(),
         },
-        detectors: Detectors::new(
-            &agent.spec.stop_conditions,
-            &agent.spec.escalation,
-            &agent.tool_rules,
-        ),
+        judge: Judge::live(&agent.spec, &agent.tool_rules),
         agent,
         control,
         events: sink.is_enabled(),
@@ -181,9 +183,9 @@ enum Inference {
     Failed(InferenceError),
     /// Cancelled (or past the deadline) mid-inference; the text streamed so far.
     Interrupted(InferenceResponse),
-    /// A streaming detector fired; the stream was dropped. The text so far
-    /// and the detector's verdict.
-    Cut(InferenceResponse, Verdict),
+    /// A streaming detector fired (the judge acted on it already); the
+    /// stream was dropped. The text so far.
+    Cut(InferenceResponse),
 }
 
 /// What a hook dispatch focuses on besides the run.
@@ -217,7 +219,8 @@ struct Run {
     state: RunState,
     directives: Directives,
     started: Instant,
-    detectors: Detectors,
+    /// The run control: policies, detectors, ladders, the guard.
+    judge: Judge,
     steps: u32,
     usage: TokenUsage,
     usage_complete: bool,
@@ -238,6 +241,47 @@ fn detected_event(id: &RunIdentity, reason: &StoppedReason, action: &str) -> Age
         code: reason.code.clone(),
         detail: reason.detail.clone(),
         action: action.to_owned(),
+    }
+}
+
+/// How the loop acts on the judge's verdicts: a nudge joins the history
+/// before the next inference (and the run goes on); the first stop
+/// requested is the run's; a warning or denial is reported (`detected`).
+struct Acting<'a> {
+    directives: &'a mut Directives,
+    id: &'a RunIdentity,
+    /// The sink, when it wants events.
+    sink: Option<&'a Arc<dyn EventSink>>,
+}
+
+impl Act for Acting<'_> {
+    fn stopping(&self) -> bool {
+        self.directives.termination.is_some()
+    }
+
+    fn another_round(&self) -> bool {
+        self.directives.another_round
+    }
+
+    fn act(&mut self, verdict: Verdict) {
+        let (reason, action) = match verdict {
+            Verdict::Nudge(text) => {
+                self.directives.user_messages.push(text);
+                self.directives.another_round = true;
+                return;
+            }
+            Verdict::Stop(reason) => {
+                self.directives
+                    .termination
+                    .get_or_insert(TerminationReason::Stopped(reason));
+                return;
+            }
+            Verdict::Warn(reason) => (reason, "warn"),
+            Verdict::Deny(reason) => (reason, "deny"),
+        };
+        if let Some(sink) = self.sink {
+            emit_guarded(&**sink, detected_event(self.id, &reason, action));
+        }
     }
 }
 
@@ -463,10 +507,9 @@ impl Run {
                         return reason;
                     }
                 }
-                Inference::Cut(mut partial, verdict) => {
+                Inference::Cut(mut partial) => {
                     // Calls of a cut answer are incomplete; they are not run.
                     partial.tool_calls.clear();
-                    self.apply_verdict(verdict);
                     if let Some(reason) = Box::pin(self.after_inference(partial)).await {
                         return reason;
                     }
@@ -490,72 +533,29 @@ impl Run {
         }
     }
 
-    fn record(&mut self, record: InferenceRecord<'_>) {
-        let elapsed = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        if let Ok(stats) = self.state.get_mut::<StopStatsKey>() {
-            record_inference(stats, record, elapsed);
-        }
+    /// The judge and how the loop acts on its verdicts, borrowed together.
+    fn judge(&mut self) -> (&mut Judge, Acting<'_>) {
+        let acting = Acting {
+            directives: &mut self.directives,
+            id: &self.id,
+            sink: self.events.then_some(&self.sink),
+        };
+        (&mut self.judge, acting)
     }
 
-    /// Acts on a detector's verdict: a nudge joins the history before the
-    /// next inference (and the run goes on); a stop is requested unless an
-    /// earlier one was.
-    fn apply_verdict(&mut self, verdict: Verdict) {
-        match verdict {
-            Verdict::Nudge(text) => {
-                self.directives.user_messages.push(text);
-                self.directives.another_round = true;
-            }
-            Verdict::Stop(reason) => {
-                self.directives
-                    .termination
-                    .get_or_insert(TerminationReason::Stopped(reason));
-            }
-            Verdict::Warn(reason) => self.detected(reason, "warn"),
-            Verdict::Deny(reason) => self.detected(reason, "deny"),
-        }
-    }
-
-    /// Reports a detection that did not end the run.
-    fn detected(&self, reason: StoppedReason, action: &str) {
-        self.emit(|| detected_event(&self.id, &reason, action));
-    }
-
-    /// Evaluates the built-in guard unless a stop is already requested.
-    fn apply_guard(&mut self, failed: Option<&InferenceError>) {
-        if self.directives.termination.is_some() {
+    /// The built-in guard after an inference (`failed`: its error).
+    fn guard(&mut self, failed: Option<&InferenceError>) {
+        let Ok(stats) = self.state.get::<StopStatsKey>() else {
             return;
-        }
-        let agent = self.agent.clone();
-        for item in &agent.guard {
-            let Ok(stats) = self.state.get::<StopStatsKey>() else {
-                return;
-            };
-            let verdict = match item {
-                GuardItem::Policy(policy) => match policy.evaluate(stats) {
-                    StopDecision::Continue => None,
-                    StopDecision::Stop { code, mut detail } => {
-                        if let (Some(error), "max_rounds") = (failed, code.as_str()) {
-                            detail = format!("{detail}; the last round failed: {error}");
-                        }
-                        Some(Verdict::Stop(StoppedReason { code, detail }))
-                    }
-                },
-                GuardItem::Stuck(i) => self
-                    .detectors
-                    .stuck
-                    .get_mut(*i)
-                    .and_then(|d| d.check(stats)),
-            };
-            match verdict {
-                Some(Verdict::Stop(reason)) => {
-                    self.apply_verdict(Verdict::Stop(reason));
-                    return;
-                }
-                Some(nudge) => self.apply_verdict(nudge),
-                None => {}
-            }
-        }
+        };
+        let mut acting = Acting {
+            directives: &mut self.directives,
+            id: &self.id,
+            sink: self.events.then_some(&self.sink),
+        };
+        let failed = failed.map(|e| e as &dyn std::fmt::Display);
+        self.judge
+            .guard(&self.agent.guard, stats, failed, &mut acting);
     }
 
     /// Streams one inference, racing every await against cancellation and
@@ -570,8 +570,8 @@ impl Run {
             self.trace_content,
         );
         let mut partial = InferenceResponse::default();
-        let mut cut = None;
-        self.detectors.start_response();
+        let mut cut = false;
+        self.judge.start_response();
         let mut stopped = false;
         if let Some(context) = &mut self.context {
             context.sending();
@@ -593,8 +593,13 @@ impl Run {
             let id = &self.id;
             let token = &self.control.token;
             let partial = &mut partial;
-            let detectors = &mut self.detectors;
-            let watch = detectors.watches_text();
+            let judge = &mut self.judge;
+            let watch = judge.watches_text();
+            let mut acting = Acting {
+                directives: &mut self.directives,
+                id,
+                sink,
+            };
             let cut = &mut cut;
             let stopped = &mut stopped;
             let work = AssertUnwindSafe(async move {
@@ -608,7 +613,7 @@ impl Run {
                         break;
                     }
                     let delta = delta?;
-                    let mut verdict = None;
+                    let mut cut_here = false;
                     if let InferenceDelta::Text { text } = &delta {
                         if text.is_empty() {
                             continue;
@@ -623,21 +628,14 @@ impl Run {
                                 },
                             );
                         }
-                        if watch {
-                            verdict = detectors.observe_text(text);
-                            // A warning is reported; the answer goes on.
-                            if let Some(Verdict::Warn(reason)) = &verdict {
-                                if let Some(sink) = sink {
-                                    emit_guarded(&**sink, detected_event(id, reason, "warn"));
-                                }
-                                verdict = None;
-                            }
-                        }
+                        // A warning is reported and the answer goes on;
+                        // any other verdict cuts it.
+                        cut_here = watch && judge.text(text, &mut acting);
                     }
                     partial.apply(delta);
-                    if verdict.is_some() {
+                    if cut_here {
                         // Returning drops the stream: nothing more is read.
-                        *cut = verdict;
+                        *cut = true;
                         break;
                     }
                 }
@@ -659,11 +657,11 @@ impl Run {
         match &outcome {
             None => telemetry::record_chat_response(&span, &partial, "cancelled", content),
             Some(Ok(Ok(()))) => {
-                let reason = match (stopped, &cut, partial.tool_calls.is_empty()) {
+                let reason = match (stopped, cut, partial.tool_calls.is_empty()) {
                     (true, _, _) => "cancelled",
-                    (false, Some(_), _) => "cut",
-                    (false, None, true) => "stop",
-                    (false, None, false) => "tool_calls",
+                    (false, true, _) => "cut",
+                    (false, false, true) => "stop",
+                    (false, false, false) => "tool_calls",
                 };
                 telemetry::record_chat_response(&span, &partial, reason, content);
             }
@@ -676,10 +674,8 @@ impl Run {
         match outcome {
             None => Inference::Interrupted(partial),
             Some(Ok(Ok(()))) if stopped => Inference::Interrupted(partial),
-            Some(Ok(Ok(()))) => match cut {
-                Some(verdict) => Inference::Cut(partial, verdict),
-                None => Inference::Done(partial),
-            },
+            Some(Ok(Ok(()))) if cut => Inference::Cut(partial),
+            Some(Ok(Ok(()))) => Inference::Done(partial),
             Some(Ok(Err(error))) => Inference::Failed(error),
             Some(Err(payload)) => Inference::Failed(InferenceError::new(
                 InferenceErrorKind::Other,
@@ -691,11 +687,14 @@ impl Run {
     /// Handles a failed attempt: hooks and guard see it; retryable errors
     /// wait out the backoff. Returns the reason if the run ends here.
     async fn after_failed_inference(&mut self, error: InferenceError) -> Option<TerminationReason> {
-        self.record(InferenceRecord::Failed);
-        if self.detectors.watches_progress()
-            && let Some(verdict) = self.detectors.observe_error(self.started.elapsed())
-        {
-            self.apply_verdict(verdict);
+        let at = self.started.elapsed();
+        if let Ok(stats) = self.state.get_mut::<StopStatsKey>() {
+            let mut acting = Acting {
+                directives: &mut self.directives,
+                id: &self.id,
+                sink: self.events.then_some(&self.sink),
+            };
+            self.judge.failed(stats, at, &mut acting);
         }
         let focus = Focus {
             error: Some(&error),
@@ -704,7 +703,7 @@ impl Run {
         if let Err(reason) = self.hooks(Phase::AfterInference, focus).await {
             return Some(reason);
         }
-        self.apply_guard(Some(&error));
+        self.guard(Some(&error));
         if let Some(reason) = self.termination() {
             return Some(reason);
         }
@@ -762,7 +761,10 @@ impl Run {
                 .add(cache);
         }
         self.overflow_retried = false;
-        self.record(InferenceRecord::Succeeded(&response));
+        let at = self.started.elapsed();
+        if let Ok(stats) = self.state.get_mut::<StopStatsKey>() {
+            self.judge.answered(stats, &response, at);
+        }
         // A per-request tool choice applies until the first successful inference.
         if self.request.tool_choice != self.agent.spec.tool_choice {
             self.request.tool_choice = self.agent.spec.tool_choice.clone();
@@ -772,7 +774,7 @@ impl Run {
             ..Focus::default()
         };
         let hooks = self.hooks(Phase::AfterInference, focus).await;
-        self.apply_guard(None);
+        self.guard(None);
         let InferenceResponse {
             text, tool_calls, ..
         } = response;
@@ -811,16 +813,12 @@ impl Run {
         if let Err(reason) = self.persist().await {
             return Some(reason);
         }
-        if calls.is_empty()
-            && self.directives.termination.is_none()
-            && !self.directives.another_round
-        {
+        if calls.is_empty() {
             // A final answer that asks the user something: stop (or nudge,
             // or warn) instead of ending naturally.
             let answer = std::mem::take(&mut self.response);
-            if let Some(verdict) = self.detectors.observe_final(&answer) {
-                self.apply_verdict(verdict);
-            }
+            let (judge, mut acting) = self.judge();
+            judge.final_answer(&answer, &mut acting);
             self.response = answer;
         }
         if calls.is_empty() && !std::mem::take(&mut self.directives.another_round) {

@@ -19,9 +19,9 @@ use rein_runtime_contract::tool::{Tool, ToolContext};
 use tokio::task::{AbortHandle, JoinHandle};
 use tracing::Instrument;
 
+use super::judge::Screened;
 use super::{Focus, Run, interrupted};
 use crate::active_runs::CURRENT_RUN;
-use crate::detectors::{CallRecord, Verdict};
 use crate::phase::panic_message;
 use crate::telemetry;
 
@@ -136,9 +136,6 @@ impl Run {
     /// dropped (aborted and awaited) before this returns.
     pub(super) async fn run_tools(&mut self, calls: &[ToolCall]) -> Result<(), TerminationReason> {
         let mut results: Vec<Option<ToolResult>> = vec![None; calls.len()];
-        // Calls a detector denied: recorded, never observed as run (empty
-        // unless a detector denies calls).
-        let mut denied: Vec<bool> = Vec::new();
         let mut ready: Vec<(usize, Arc<dyn Tool>)> = Vec::with_capacity(calls.len());
         let mut ending: Option<TerminationReason> = None;
         for (i, call) in calls.iter().enumerate() {
@@ -153,31 +150,25 @@ impl Run {
             if self.directives.termination.is_some() || self.control.token.is_cancelled() {
                 break;
             }
-            // A call a detector denied does not run; one past the ladder's
-            // `deny` steps may stop the run instead.
-            if self.detectors.denies()
-                && let Some(verdict) = self.detectors.screen(call)
-            {
-                match verdict {
-                    Verdict::Deny(reason) => {
-                        self.started(call);
-                        results[i] = Some(ToolResult {
-                            call_id: call.id.clone(),
-                            name: call.name.clone(),
-                            content: crate::detectors::denied_result(&reason),
-                            is_error: true,
-                        });
-                        denied.resize(calls.len(), false);
-                        denied[i] = true;
-                        self.apply_verdict(Verdict::Deny(reason));
-                        continue;
-                    }
-                    stop @ Verdict::Stop(_) => {
-                        self.apply_verdict(stop);
-                        break;
-                    }
-                    other => self.apply_verdict(other),
+            // A call a detector denied does not run (the judge does not
+            // count it as run); one past the ladder's `deny` steps may stop
+            // the run instead.
+            let (judge, mut acting) = self.judge();
+            match judge.screen(i, call, &mut acting) {
+                Screened::Run => {}
+                Screened::Denied(denial) => {
+                    self.started(call);
+                    results[i] = Some(ToolResult {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        content: denial.result(),
+                        is_error: true,
+                    });
+                    let (judge, mut acting) = self.judge();
+                    judge.refuse(denial, &mut acting);
+                    continue;
                 }
+                Screened::Stop => break,
             }
             match self.agent.tools.get(&call.name) {
                 Some(tool) => ready.push((i, tool.clone())),
@@ -269,12 +260,8 @@ impl Run {
         let cancelled = cut && ending.is_none();
 
         let run_after_hooks = !cancelled && ending.is_none();
-        let watch = self.detectors.watches_tool_calls();
-        let errors = self.detectors.watches_progress();
-        let mut records: Vec<CallRecord> = Vec::new();
         for (i, (call, result)) in calls.iter().zip(results).enumerate() {
             let Some(result) = result else { continue };
-            let denied = denied.get(i).copied().unwrap_or(false);
             if run_after_hooks && ending.is_none() {
                 let focus = Focus {
                     tool_call: Some(call),
@@ -293,16 +280,9 @@ impl Run {
                 result: result.content.clone(),
                 is_error: result.is_error,
             });
-            if errors
-                && result.is_error
-                && !denied
-                && let Some(verdict) = self.detectors.observe_error(self.started.elapsed())
-            {
-                self.apply_verdict(verdict);
-            }
-            if watch && !denied {
-                records.push(CallRecord::new(call, &result));
-            }
+            let started = self.started;
+            let (judge, mut acting) = self.judge();
+            judge.tool_result(i, call, &result, || started.elapsed(), &mut acting);
             let mut message = result.into_message();
             if self.incomplete.len() > first_incomplete {
                 message.tool_status = self.incomplete[first_incomplete..]
@@ -315,13 +295,9 @@ impl Run {
         if cancelled {
             return Err(self.cancelled_reason());
         }
-        if ending.is_none() && watch {
-            if let Some(verdict) = self.detectors.observe_tool_results(&records) {
-                self.apply_verdict(verdict);
-            }
-            if errors && let Some(verdict) = self.detectors.observe_progress(&records) {
-                self.apply_verdict(verdict);
-            }
+        if ending.is_none() {
+            let (judge, mut acting) = self.judge();
+            judge.round_results(&mut acting);
         }
         ending.map_or(Ok(()), Err)
     }

@@ -403,42 +403,47 @@ impl Detectors {
     }
 
     /// Checks a call about to run against the calls detectors denied: the
-    /// first verdict (`Deny`: do not run it; `Stop`: end the run; `Warn`
-    /// or `Nudge`: run it), or `None`.
-    pub(crate) fn screen(&mut self, call: &ToolCall) -> Option<Verdict> {
+    /// first verdict `admit` keeps (`Deny`: do not run it; `Stop`: end the
+    /// run; `Warn` or `Nudge`: run it), or `None`.
+    pub(crate) fn screen(
+        &mut self,
+        call: &ToolCall,
+        admit: impl Fn(&Verdict) -> bool,
+    ) -> Option<Verdict> {
         let plain = tool_calls::call_key(call);
         self.tool_loops
             .iter_mut()
-            .find_map(|d| d.screen(plain, &call.name))
+            .find_map(|d| d.screen(plain, &call.name).filter(&admit))
     }
 
     /// An inference failed or a tool call returned an error, `after` the
-    /// run started (a recorded time, in replay): the `error_rate`
-    /// detectors' first verdict.
-    pub(crate) fn observe_error(&mut self, after: std::time::Duration) -> Option<Verdict> {
+    /// run started (a recorded time, in replay): every `error_rate`
+    /// detector sees it; the first verdict `admit` keeps.
+    pub(crate) fn observe_error(
+        &mut self,
+        after: std::time::Duration,
+        admit: impl Fn(&Verdict) -> bool,
+    ) -> Option<Verdict> {
         let mut verdict = None;
         for p in &mut self.progress {
             if let Progress::Errors(d) = p {
-                let v = d.observe_after(after);
+                let v = d.observe_after(after).filter(&admit);
                 verdict = verdict.or(v);
             }
         }
         verdict
     }
 
-    /// The round's finished calls: every tool-call detector's verdict, in
-    /// list order (replay reports them all; a run acts on the first).
-    pub(crate) fn observe_tool_results_each(&mut self, records: &[CallRecord]) -> Vec<Verdict> {
-        self.tool_loops
-            .iter_mut()
-            .filter_map(|d| d.observe_records(records))
-            .collect()
-    }
-
     /// A final answer (no tool calls): the `awaiting_user` detectors'
-    /// first verdict.
-    pub(crate) fn observe_final(&mut self, answer: &str) -> Option<Verdict> {
-        self.awaiting.iter_mut().find_map(|d| d.check(answer))
+    /// first verdict `admit` keeps.
+    pub(crate) fn observe_final(
+        &mut self,
+        answer: &str,
+        admit: impl Fn(&Verdict) -> bool,
+    ) -> Option<Verdict> {
+        self.awaiting
+            .iter_mut()
+            .find_map(|d| d.check(answer).filter(&admit))
     }
 
     /// Whether any detector watches errors or progress.
@@ -447,12 +452,17 @@ impl Detectors {
     }
 
     /// A round's tool results (rounds without tool calls do not count):
-    /// the `no_progress` detectors' first verdict.
-    pub(crate) fn observe_progress(&mut self, records: &[CallRecord]) -> Option<Verdict> {
+    /// every `no_progress` detector sees them; the first verdict `admit`
+    /// keeps.
+    pub(crate) fn observe_progress(
+        &mut self,
+        records: &[CallRecord],
+        admit: impl Fn(&Verdict) -> bool,
+    ) -> Option<Verdict> {
         let mut verdict = None;
         for p in &mut self.progress {
             if let Progress::Rounds(d) = p {
-                let v = d.observe_round(records);
+                let v = d.observe_round(records).filter(&admit);
                 verdict = verdict.or(v);
             }
         }
@@ -476,17 +486,28 @@ impl Detectors {
             .for_each(ChantingDetector::start_response);
     }
 
-    /// A piece of the streamed answer; the first verdict, in list order.
-    pub(crate) fn observe_text(&mut self, text: &str) -> Option<Verdict> {
-        self.chanting.iter_mut().find_map(|d| d.observe(text))
+    /// A piece of the streamed answer; the first verdict `admit` keeps, in
+    /// list order.
+    pub(crate) fn observe_text(
+        &mut self,
+        text: &str,
+        admit: impl Fn(&Verdict) -> bool,
+    ) -> Option<Verdict> {
+        self.chanting
+            .iter_mut()
+            .find_map(|d| d.observe(text).filter(&admit))
     }
 
-    /// The round's finished calls, in call order; the first verdict, in
-    /// list order.
-    pub(crate) fn observe_tool_results(&mut self, records: &[CallRecord]) -> Option<Verdict> {
+    /// The round's finished calls, in call order: every tool-call detector
+    /// sees them; the first verdict `admit` keeps, in list order.
+    pub(crate) fn observe_tool_results(
+        &mut self,
+        records: &[CallRecord],
+        admit: impl Fn(&Verdict) -> bool,
+    ) -> Option<Verdict> {
         let mut verdict = None;
         for d in &mut self.tool_loops {
-            let v = d.observe_records(records);
+            let v = d.observe_records(records).filter(&admit);
             if verdict.is_none() {
                 verdict = v;
             }
