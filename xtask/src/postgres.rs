@@ -108,9 +108,19 @@ fn run(mut command: Command, what: &str) -> Result<String, String> {
     }
 }
 
-/// Whether the process `pid` exists (signal 0, sent as the current user,
-/// who may signal the processes it made; as root, any).
+/// Whether the process `pid` runs: it exists (signal 0, sent as the
+/// current user, who may signal the processes it made; as root, any) and
+/// is not a zombie (ended, but not yet reaped by its parent: a container's
+/// init may take its time).
 fn alive(pid: u32) -> bool {
+    if Path::new("/proc/self/stat").exists() {
+        return std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|stat| {
+                stat.rsplit_once(") ")
+                    .is_none_or(|(_, rest)| !rest.starts_with('Z'))
+            })
+            .unwrap_or(false);
+    }
     Command::new("sh")
         .args(["-c", &format!("kill -0 {pid} 2>/dev/null")])
         .status()
@@ -498,7 +508,9 @@ fn reap(user: &Option<String>, root: &Path) {
             dir: entry.path(),
             private: true,
         };
-        if alive(creator) || cluster.running() {
+        // `pg_ctl status` counts a killed postmaster that is not reaped yet.
+        let running = cluster.running() && cluster.postmaster_pid().is_none_or(alive);
+        if alive(creator) || running {
             continue;
         }
         let mut rm = as_owner(user, "rm");
