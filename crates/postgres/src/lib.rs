@@ -43,6 +43,7 @@ mod inbox;
 mod leases;
 mod listing;
 mod notify;
+mod nul;
 mod runs;
 mod store;
 

@@ -43,5 +43,13 @@ impl PgRuns {
         .bind(thread_id)
         .fetch_all(self.pool())
         .await
+        .map(|runs: Vec<RunSpan>| {
+            runs.into_iter()
+                .map(|mut run| {
+                    run.record = run.record.map(crate::nul::decode);
+                    run
+                })
+                .collect()
+        })
     }
 }

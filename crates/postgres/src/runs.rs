@@ -187,7 +187,7 @@ impl PgRuns {
             agent_id: new.agent_id.to_owned(),
             interrupt: new.interrupt,
             idempotency_key: new.idempotency_key.map(str::to_owned),
-            messages: new.messages.to_string(),
+            messages: crate::nul::encode(new.messages).to_string(),
             // An `enqueue` waits for the thread's current run, whose
             // holder claims the next one when it ends (and, giving the
             // thread up, looks once more and says `r:`): only an
@@ -206,6 +206,7 @@ impl PgRuns {
     /// same thread and messages is this submission's own, committed by an
     /// attempt whose answer was lost.
     async fn submit_alone(&self, new: &NewRun<'_>) -> Result<SubmitOutcome, sqlx::Error> {
+        let messages = crate::nul::encode(new.messages);
         let mut tx = self.pool.begin().await?;
         // These submissions to one thread take turns, so two of them
         // cannot both find the thread idle, or both record one message id.
@@ -264,7 +265,7 @@ impl PgRuns {
         .bind(new.agent_id)
         .bind(new.interrupt)
         .bind(new.idempotency_key)
-        .bind(new.messages)
+        .bind(messages.as_ref())
         .fetch_optional(&mut *tx)
         .await;
         match inserted {
@@ -293,7 +294,7 @@ impl PgRuns {
                 )
                 .bind(new.run_id)
                 .bind(new.thread_id)
-                .bind(new.messages)
+                .bind(messages.as_ref())
                 .fetch_one(&self.pool)
                 .await?;
                 Ok(if mine {
@@ -346,7 +347,7 @@ impl PgRuns {
             row.map(|(run_id, agent_id, messages, cancel_requested)| Claimed {
                 run_id,
                 agent_id,
-                messages,
+                messages: crate::nul::decode(messages),
                 cancel_requested,
             }),
         )
@@ -420,7 +421,7 @@ impl PgRuns {
         .bind(&seqs)
         .bind(&kinds)
         .bind(&datas)
-        .bind(record)
+        .bind(crate::nul::encode(record).as_ref())
         .fetch_one(&self.pool)
         .await?;
         Ok(finished > 0)
@@ -456,7 +457,7 @@ impl PgRuns {
              SELECT (SELECT count(*) FROM up) FROM (SELECT pg_notify('rein_events',
                  CASE WHEN EXISTS (SELECT 1 FROM up) THEN 'f:' ELSE 'e:' END || $2)) AS n",
         )
-        .bind(record)
+        .bind(crate::nul::encode(record).as_ref())
         .bind(run_id)
         .bind(&seqs)
         .bind(&kinds)
@@ -565,6 +566,12 @@ impl PgRuns {
         .bind(run_id)
         .fetch_optional(&self.pool)
         .await
+        .map(|run| {
+            run.map(|mut run| {
+                run.record = run.record.map(crate::nul::decode);
+                run
+            })
+        })
     }
 
     /// A run's events after `after`, in order.
@@ -640,7 +647,7 @@ impl PgRuns {
             .map(|(run_id, agent_id, messages, cancel_requested)| Claimed {
                 run_id,
                 agent_id,
-                messages,
+                messages: crate::nul::decode(messages),
                 cancel_requested,
             })
             .collect())

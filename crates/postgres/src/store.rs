@@ -80,7 +80,7 @@ impl PgThreadStore {
         };
         let json: Vec<serde_json::Value> = messages
             .iter()
-            .map(serde_json::to_value)
+            .map(|m| serde_json::to_value(m).map(|v| crate::nul::encode(&v).into_owned()))
             .collect::<Result<_, _>>()
             .map_err(|e| WriteError::Refused(format!("a message does not serialize: {e}")))?;
         // The upsert locks the thread's row until commit, so the fence
@@ -225,7 +225,7 @@ impl ThreadStore for PgThreadStore {
         let history: Vec<Message> = rows
             .into_iter()
             .map(|row| {
-                serde_json::from_value(row).map_err(|e| {
+                serde_json::from_value(crate::nul::decode(row)).map_err(|e| {
                     ThreadStoreError::new(thread_id, format!("a stored message is unreadable: {e}"))
                 })
             })

@@ -563,3 +563,89 @@ async fn a_finished_run_older_than_the_ttl_is_dropped_by_the_sweeper() {
     assert_eq!(server.service.kept_runs(), 0);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_made_run_id_is_never_refused_because_an_agui_client_chose_it() {
+    let server = Server::start(YAML).await;
+    // AG-UI clients choose run ids; these are the ids the server makes.
+    for n in 1..=4 {
+        let response = server
+            .client
+            .post(format!("{}/v1/ag-ui/fast", server.url))
+            .json(
+                &json!({"threadId": format!("ag-{n}"), "runId": format!("run-{n}"),
+                          "messages": [{"id": "m", "role": "user", "content": "hi"}]}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        response.text().await.unwrap();
+    }
+    for i in 0..4 {
+        let (status, accepted) = server
+            .say(&format!("plain-{i}"), "hello", agent("fast"))
+            .await;
+        assert_eq!(status, 202, "{accepted}");
+        server.finished(accepted["run_id"].as_str().unwrap()).await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_agui_resends_of_one_message_append_it_once() {
+    let server = Server::start(YAML).await;
+    for trial in 0..5 {
+        let thread = format!("resend-{trial}");
+        let sends = (0..8).map(|i| {
+            let request = server
+                .client
+                .post(format!("{}/v1/ag-ui/fast", server.url))
+                .json(&json!({"threadId": thread, "runId": format!("{thread}-{i}"),
+                              "messages": [{"id": "once", "role": "user", "content": "only once"}]}));
+            async move { request.send().await.unwrap().text().await.unwrap() }
+        });
+        futures::future::join_all(sends).await;
+        assert_eq!(
+            server.user_messages(&thread).await,
+            ["only once"],
+            "trial {trial}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn ids_over_the_limit_or_with_control_characters_are_refused_naming_the_field() {
+    let server = Server::start(YAML).await;
+    let long = "x".repeat(3000);
+    for (path, extra, field) in [
+        (format!("/v1/threads/{long}/runs"), json!({}), "thread_id"),
+        ("/v1/threads/a%00b/runs".to_owned(), json!({}), "thread_id"),
+        (
+            "/v1/threads/t/runs".to_owned(),
+            json!({"idempotency_key": long}),
+            "idempotency_key",
+        ),
+    ] {
+        let mut body = json!({"agent_id": "fast", "messages": [{"role": "user", "content": "hi"}]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (status, error) = server.post(&path, body).await;
+        assert_eq!(
+            (status, error["error"]["code"].as_str()),
+            (422, Some("invalid_field")),
+            "{error}"
+        );
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with(field),
+            "{error}"
+        );
+    }
+    assert!(server.user_messages("t").await.is_empty());
+    server.stop().await;
+}

@@ -1,0 +1,325 @@
+//! In distributed mode the database is the only truth: every process
+//! answers every read the same way, every path that finishes a run ends
+//! its stream with `run_finished`, AG-UI's message ids are kept with the
+//! thread, and `rein run` holds its thread like a serving process. Real
+//! `rein serve` processes on one database (`REIN_DATABASE_URL`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod cluster_common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cluster_common::{DATABASE, Node, assert_valid, config, database, thread};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+/// A run's SSE stream read to its end (at most `within`): the events'
+/// `event:` types in order.
+async fn stream_types(
+    node: &Node,
+    run_id: &str,
+    last_event_id: Option<u64>,
+    within: Duration,
+) -> Vec<String> {
+    let mut request = node
+        .client
+        .get(format!("{}/v1/runs/{run_id}/events", node.url));
+    if let Some(id) = last_event_id {
+        request = request.header("last-event-id", id.to_string());
+    }
+    let response = request.send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    let read = tokio::time::timeout(within, async {
+        while let Some(chunk) = body.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "the stream of {run_id} did not end within {within:?}: {text}"
+    );
+    text.lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The JSON events of an AG-UI run's stream.
+async fn agui(node: &Node, agent: &str, body: Value) -> Vec<Value> {
+    let response = node
+        .client
+        .post(format!("{}/v1/ag-ui/{agent}", node.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let text = tokio::time::timeout(Duration::from_secs(20), response.text())
+        .await
+        .unwrap()
+        .unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+async fn history(node: &Node, t: &str) -> Vec<Value> {
+    let (status, history) = node.get(&format!("/v1/threads/{t}/messages")).await;
+    assert_eq!(status, 200, "{history}");
+    history.as_array().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_run_reads_finished_on_the_first_ask_of_a_process_that_never_followed_it() {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let config = config(3);
+    let a = Node::start(&config);
+    let t = thread("truth-read");
+    for i in 0..5 {
+        let (status, record) = a
+            .post(
+                &format!("/v1/threads/{t}/runs?wait=true"),
+                json!({"agent_id": "quick", "messages": [{"role": "user", "content": format!("q{i}")}]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{record}");
+        // A process started after the run finished: nothing of it cached.
+        let b = Node::start(&config);
+        let run_id = record["run_id"].as_str().unwrap();
+        let (status, read) = b.get(&format!("/v1/runs/{run_id}")).await;
+        assert_eq!(status, 200, "{read}");
+        assert_eq!(read["status"], "finished", "try {i}: {read}");
+        assert_eq!(read, record, "try {i}: the same record from both processes");
+        let types = stream_types(&b, run_id, None, Duration::from_secs(5)).await;
+        assert_eq!(types.last().map(String::as_str), Some("run_finished"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_run_cancelled_on_one_process_ends_its_stream_with_run_finished_everywhere() {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let config = config(3);
+    let (a, b, c) = (
+        Node::start(&config),
+        Node::start(&config),
+        Node::start(&config),
+    );
+    for i in 0..6 {
+        let t = thread("truth-queued");
+        let busy = a.submit(&t, "slow", "talk", "interrupt").await;
+        let queued = b.submit(&t, "quick", "later", "enqueue").await;
+        let run_id = queued["run_id"].as_str().unwrap();
+        assert_eq!(
+            b.post(&format!("/v1/runs/{run_id}/cancel"), json!({}))
+                .await,
+            (200, json!({"cancelled": true})),
+            "try {i}"
+        );
+        for node in [&b, &c, &a] {
+            let types = stream_types(node, run_id, None, Duration::from_secs(5)).await;
+            assert_eq!(types, ["run_finished"], "try {i}");
+            // Resuming after the last event ends at once, with nothing.
+            let rest = stream_types(node, run_id, Some(1), Duration::from_secs(5)).await;
+            assert!(rest.is_empty(), "try {i}: {rest:?}");
+            let record = node.finished(run_id, Duration::from_secs(1)).await;
+            assert_eq!(record["termination"]["type"], "cancelled", "{record}");
+        }
+        a.post(
+            &format!("/v1/runs/{}/cancel", busy["run_id"].as_str().unwrap()),
+            json!({}),
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_taken_over_from_a_killed_process_ends_its_stream_with_run_finished_on_the_survivor()
+{
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let config = config(1);
+    let a = Node::start(&config);
+    let b = Node::start(&config);
+    let t = thread("truth-lost");
+    let run = a.submit(&t, "slow", "talk", "interrupt").await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    // B follows the run, then its owner dies.
+    let (_, record) = b.get(&format!("/v1/runs/{run_id}")).await;
+    assert_eq!(record["status"], "running", "{record}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.signal("-KILL");
+    let types = stream_types(&b, &run_id, None, Duration::from_secs(10)).await;
+    assert_eq!(types.last().map(String::as_str), Some("run_finished"));
+    let record = b.finished(&run_id, Duration::from_secs(1)).await;
+    assert_eq!(
+        record["termination"],
+        json!({"type": "error", "value": rein_server::service::LOST_RUN}),
+    );
+    assert_valid(&Value::Array(history(&b, &t).await));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agui_conversations_resent_to_other_processes_append_only_their_new_messages() {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let config = config(3);
+    let (a, b) = (Node::start(&config), Node::start(&config));
+    let t = thread("truth-agui");
+    let q1 = json!({"id": "u1", "role": "user", "content": "q1"});
+    let events = agui(
+        &a,
+        "quick",
+        json!({"threadId": t, "runId": format!("{t}-r1"), "messages": [q1]}),
+    )
+    .await;
+    let answer = events
+        .iter()
+        .find(|e| e["type"] == "TEXT_MESSAGE_START")
+        .unwrap()["messageId"]
+        .clone();
+    // The client sends the whole conversation back, to another process.
+    let conversation = json!([q1, {"id": answer, "role": "assistant", "content": "Done."},
+                              {"id": "u2", "role": "user", "content": "q2"}]);
+    agui(
+        &b,
+        "quick",
+        json!({"threadId": t, "runId": format!("{t}-r2"), "messages": conversation}),
+    )
+    .await;
+    let roles: Vec<(String, String)> = history(&a, &t)
+        .await
+        .iter()
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap().to_owned(),
+                m["content"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("user", "q1"),
+        ("assistant", "Done."),
+        ("user", "q2"),
+        ("assistant", "Done."),
+    ];
+    assert_eq!(roles, expected.map(|(r, c)| (r.to_owned(), c.to_owned())),);
+    // Eight resends of one new message at once, over both processes.
+    let q3 = json!({"id": "u3", "role": "user", "content": "q3"});
+    let resends = (0..8).map(|i| {
+        let node = if i % 2 == 0 { &a } else { &b };
+        let body = json!({"threadId": t, "runId": format!("{t}-r3-{i}"), "messages": [q3]});
+        agui(node, "quick", body)
+    });
+    futures::future::join_all(resends).await;
+    let copies = history(&b, &t)
+        .await
+        .iter()
+        .filter(|m| m["content"] == "q3")
+        .count();
+    assert_eq!(copies, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rein_run_holds_its_thread_against_serving_processes_past_the_lease() {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let config = config(1);
+    let a = Node::start(&config);
+    let t = thread("truth-cli");
+    let cli = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .args(["--agent", "slow", "--thread", &t, "talk"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Past the one-second lease, while the CLI's run streams (4 s).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (status, body) = a
+        .post(
+            &format!("/v1/threads/{t}/runs"),
+            json!({"agent_id": "quick", "strategy": "reject",
+                   "messages": [{"role": "user", "content": "me too"}]}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (409, json!("thread_busy")),
+        "{body}"
+    );
+    let started = Instant::now();
+    let out = tokio::task::spawn_blocking(move || cli.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("w40"), "the whole answer streamed: {text}");
+    let history = history(&a, &t).await;
+    assert_eq!(history.len(), 2, "{history:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_errors_are_refused_as_client_errors_and_nul_text_is_stored_exactly() {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let config = config(3);
+    let a = Node::start(&config);
+    let long = "x".repeat(3000);
+    let t = thread("truth-input");
+    for (path, body, field) in [
+        (
+            format!("/v1/threads/{long}/runs"),
+            json!({"agent_id": "quick", "messages": [{"role": "user", "content": "hi"}]}),
+            "thread_id",
+        ),
+        (
+            "/v1/threads/a%00b/runs".to_owned(),
+            json!({"agent_id": "quick", "messages": [{"role": "user", "content": "hi"}]}),
+            "thread_id",
+        ),
+        (
+            format!("/v1/threads/{t}/runs"),
+            json!({"agent_id": "quick", "idempotency_key": long, "messages": [{"role": "user", "content": "hi"}]}),
+            "idempotency_key",
+        ),
+    ] {
+        let (status, error) = a.post(&path, body).await;
+        assert_eq!(status, 422, "{error}");
+        assert_eq!(error["error"]["code"], "invalid_field", "{error}");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with(field),
+            "{error}"
+        );
+    }
+    let text = "binary\u{0}text \u{E000} end";
+    let (status, record) = a
+        .post(
+            &format!("/v1/threads/{t}/runs?wait=true"),
+            json!({"agent_id": "quick", "messages": [{"role": "user", "content": text}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    let history = history(&a, &t).await;
+    assert_eq!(history[0]["content"], text);
+}
