@@ -47,9 +47,12 @@
 //! if the condition had been removed. Up to a run's first stop the two are
 //! the same evaluation.
 
+use std::collections::BTreeMap;
 use std::fmt::Display;
+use std::sync::Arc;
 use std::time::Duration;
 
+use rein_runtime_contract::escalation::ToolLoopRule;
 use rein_runtime_contract::inference::InferenceResponse;
 use rein_runtime_contract::lifecycle::StoppedReason;
 use rein_runtime_contract::message::{ToolCall, ToolResult};
@@ -121,12 +124,7 @@ pub(crate) struct Judge {
 
 impl Judge {
     /// The judge of a live run of `spec` (whose tool rules are `tool_rules`).
-    pub(crate) fn live(
-        spec: &AgentSpec,
-        tool_rules: &std::sync::Arc<
-            std::collections::BTreeMap<String, rein_runtime_contract::escalation::ToolLoopRule>,
-        >,
-    ) -> Self {
+    pub(crate) fn live(spec: &AgentSpec, tool_rules: &Arc<BTreeMap<String, ToolLoopRule>>) -> Self {
         let detectors = Detectors::new(&spec.stop_conditions, &spec.escalation, tool_rules);
         Self {
             watch_text: detectors.watches_text(),
@@ -142,7 +140,7 @@ impl Judge {
 
     /// The judge of a recorded run replayed against `spec`.
     pub(crate) fn replay(spec: &AgentSpec) -> Self {
-        let rules = std::sync::Arc::new(spec.tool_rules.clone());
+        let rules = Arc::new(spec.tool_rules.clone());
         Self {
             retired: Some(Vec::new()),
             ..Self::live(spec, &rules)
@@ -389,4 +387,88 @@ fn admitted(retired: &Option<Vec<String>>, verdict: &Verdict) -> bool {
 /// `at` in whole milliseconds.
 fn millis(at: Duration) -> u64 {
     u64::try_from(at.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rein_runtime_contract::lifecycle::StopConditionSpec;
+
+    /// Records what the judge asks, as replay does.
+    #[derive(Default)]
+    struct Listed {
+        verdicts: Vec<Verdict>,
+        stopping: bool,
+    }
+
+    impl Act for Listed {
+        fn stopping(&self) -> bool {
+            self.stopping
+        }
+        fn another_round(&self) -> bool {
+            false
+        }
+        fn act(&mut self, verdict: Verdict) {
+            self.stopping |= matches!(verdict, Verdict::Stop(_));
+            self.verdicts.push(verdict);
+        }
+    }
+
+    fn codes(listed: &Listed) -> Vec<&str> {
+        listed
+            .verdicts
+            .iter()
+            .map(|v| match v {
+                Verdict::Warn(r) | Verdict::Deny(r) | Verdict::Stop(r) => r.code.as_str(),
+                Verdict::Nudge(text) => nudge_code(text),
+            })
+            .collect()
+    }
+
+    fn spec() -> AgentSpec {
+        AgentSpec::new("a")
+            .with_stop_condition(StopConditionSpec::ConsecutiveErrors { max: 1 })
+            .with_stop_condition(StopConditionSpec::MaxRounds { rounds: 1 })
+    }
+
+    #[test]
+    fn the_guard_ends_at_its_first_stop_and_is_skipped_once_a_stop_is_requested() {
+        let spec = spec();
+        let guard = crate::agent::Agent::guard_items(&spec);
+        let mut judge = Judge::replay(&spec);
+        let mut stats = StopPolicyStats::default();
+        let mut listed = Listed::default();
+        judge.failed(&mut stats, Duration::ZERO, &mut listed);
+        judge.guard(&guard, &stats, Some(&"503"), &mut listed);
+        assert_eq!(codes(&listed), ["consecutive_errors"]);
+        // A stop requested already: nothing more this round.
+        judge.guard(&guard, &stats, None, &mut listed);
+        assert_eq!(codes(&listed), ["consecutive_errors"]);
+    }
+
+    #[test]
+    fn in_replay_a_stopped_condition_is_judged_as_removed_and_the_next_one_acts() {
+        let spec = spec();
+        let guard = crate::agent::Agent::guard_items(&spec);
+        let mut judge = Judge::replay(&spec);
+        let mut stats = StopPolicyStats::default();
+        let mut listed = Listed::default();
+        judge.failed(&mut stats, Duration::ZERO, &mut listed);
+        judge.guard(&guard, &stats, Some(&"503"), &mut listed);
+        // The next round: `consecutive_errors` still holds, but it stopped
+        // already; `max_rounds` is evaluated and stops, with the failure.
+        listed.stopping = false;
+        judge.failed(&mut stats, Duration::ZERO, &mut listed);
+        judge.guard(&guard, &stats, Some(&"503"), &mut listed);
+        assert_eq!(codes(&listed), ["consecutive_errors", "max_rounds"]);
+        match &listed.verdicts[1] {
+            Verdict::Stop(r) => assert!(r.detail.ends_with("the last round failed: 503")),
+            other => panic!("{other:?}"),
+        }
+        // A live judge acts on the first stop each time.
+        let mut live = Judge::live(&spec, &Arc::new(spec.tool_rules.clone()));
+        let mut listed = Listed::default();
+        live.guard(&guard, &stats, None, &mut listed);
+        assert_eq!(codes(&listed), ["consecutive_errors"]);
+    }
 }

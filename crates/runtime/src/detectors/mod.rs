@@ -23,7 +23,9 @@
 //! | [`AwaitingUserDetector`] | on a final answer (one without tool calls) | `awaiting_user` |
 //!
 //! Detectors do not cancel and do not end runs themselves: they return a
-//! [`Verdict`] and the agent loop acts on it. They are public so that the
+//! [`Verdict`]; the run's judge (`agent_loop::judge`, shared by the loop
+//! and replay) decides in which order they are asked and which verdicts
+//! count, and the agent loop acts on them. They are public so that the
 //! same rules can watch streams outside a run (and be benchmarked); inside a
 //! run, list the matching `StopConditionSpec` instead.
 
