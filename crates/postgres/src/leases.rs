@@ -54,6 +54,11 @@ impl Leases {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped after its commit, the lease is taken but not
+    /// recorded here; it expires on its own (it is not renewed).
     pub async fn acquire(&self, thread_id: &str) -> Result<Option<i64>, sqlx::Error> {
         let row: Option<(i64, bool)> = sqlx::query_as(
             "WITH previous AS (
@@ -100,6 +105,11 @@ impl Leases {
     /// # Errors
     ///
     /// The database failed (nothing is renewed or dropped).
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it answers, it may or may not have
+    /// been committed; calling it again is safe.
     pub async fn renew(&self) -> Result<Vec<String>, sqlx::Error> {
         let (threads, fences): (Vec<String>, Vec<i64>) = self
             .held
@@ -152,6 +162,11 @@ impl Leases {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it answers, it may or may not have
+    /// been committed; calling it again is safe.
     pub async fn release(&self, thread_id: &str) -> Result<(), sqlx::Error> {
         let Some((_, fence)) = self.held.remove(thread_id) else {
             return Ok(());
@@ -177,6 +192,10 @@ impl Leases {
     /// # Errors
     ///
     /// The database could not be reached.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only: dropping it loses nothing.
     pub async fn ping(&self) -> Result<(), sqlx::Error> {
         sqlx::query("SELECT 1")
             .execute(&self.pool)

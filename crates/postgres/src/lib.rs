@@ -76,6 +76,11 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// # Errors
 ///
 /// The connection or a migration failed.
+///
+/// # Cancel safety
+///
+/// Dropped midway, no pool is returned; each migration is its own
+/// transaction, so the schema is at one of its versions.
 pub async fn connect(url: &str) -> Result<PgPool, sqlx::Error> {
     // Rein's statements are few and prepared once per connection; a
     // generic plan saves re-planning the array-valued ones (the inbox's

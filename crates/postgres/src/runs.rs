@@ -177,6 +177,11 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before it answers, the submission may or may not have been
+    /// committed (resubmit with the same idempotency key to find out).
     pub async fn submit(&self, new: &NewRun<'_>) -> Result<SubmitOutcome, sqlx::Error> {
         if new.reject_if_busy || !new.message_ids.is_empty() {
             return crate::retry(crate::WRITE_RETRY, || self.submit_alone(new)).await;
@@ -318,6 +323,11 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped after its commit, the run is `running` here
+    /// with nobody driving it; [`claimed_here`](Self::claimed_here) finds it.
     pub async fn claim(
         &self,
         thread_id: &str,
@@ -359,6 +369,11 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it answers, it may or may not have
+    /// been committed; calling it again is safe.
     pub async fn append_events(
         &self,
         thread_id: &str,
@@ -392,6 +407,11 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it answers, it may or may not have
+    /// been committed; calling it again is safe.
     pub async fn finish(
         &self,
         thread_id: &str,
@@ -435,6 +455,11 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it answers, it may or may not have
+    /// been committed; calling it again is safe.
     pub async fn finish_queued(
         &self,
         run_id: &str,
@@ -475,6 +500,11 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it answers, it may or may not have
+    /// been committed; calling it again is safe.
     pub async fn request_tool_call_cancel(
         &self,
         run_id: &str,
@@ -499,6 +529,11 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it answers, it may or may not have
+    /// been committed; calling it again is safe.
     pub async fn request_cancel(&self, run_id: &str) -> Result<Option<String>, sqlx::Error> {
         sqlx::query_scalar(
             "WITH up AS (
@@ -521,6 +556,11 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it answers, it may or may not have
+    /// been committed; calling it again is safe.
     pub async fn cancel_running(&self, thread_id: &str) -> Result<Vec<String>, sqlx::Error> {
         sqlx::query_scalar(
             "WITH up AS (
@@ -540,6 +580,10 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only: dropping it loses nothing.
     pub async fn cancel_requested(&self, threads: &[String]) -> Result<Vec<String>, sqlx::Error> {
         if threads.is_empty() {
             return Ok(Vec::new());
@@ -558,6 +602,10 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only: dropping it loses nothing.
     pub async fn run(&self, run_id: &str) -> Result<Option<StoredRun>, sqlx::Error> {
         sqlx::query_as::<_, StoredRun>(
             "SELECT run_id, thread_id, agent_id, status, record, idempotency_key
@@ -579,6 +627,10 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only: dropping it loses nothing.
     pub async fn events_after(
         &self,
         run_id: &str,
@@ -603,6 +655,10 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only: dropping it loses nothing.
     pub async fn running(
         &self,
         thread_id: &str,
@@ -627,6 +683,10 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only: dropping it loses nothing.
     pub async fn claimed_here(&self, thread_id: &str) -> Result<Vec<Claimed>, sqlx::Error> {
         // Only while the thread is held, as for a claim.
         if self.fence(thread_id).is_none() {
@@ -658,6 +718,10 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only: dropping it loses nothing.
     pub async fn queued(&self, thread_id: &str) -> Result<Vec<String>, sqlx::Error> {
         sqlx::query_scalar(
             "SELECT run_id FROM rein_runs WHERE thread_id = $1 AND status = 'queued' ORDER BY seq",
@@ -672,6 +736,10 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only: dropping it loses nothing.
     pub async fn has_open(&self, thread_id: &str) -> Result<bool, sqlx::Error> {
         sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM rein_runs WHERE thread_id = $1 AND status <> 'finished')",
@@ -703,6 +771,11 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only; dropped before it answers, the owner's cursor does not
+    /// move.
     pub async fn orphaned(&self) -> Result<Vec<String>, sqlx::Error> {
         /// The most threads a scan answers.
         const LIMIT: usize = 256;
@@ -804,6 +877,11 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it answers, it may or may not have
+    /// been committed; calling it again is safe.
     pub async fn forget_keys(&self, thread_id: &str) -> Result<(), sqlx::Error> {
         sqlx::query(
             "WITH ids AS (DELETE FROM rein_message_ids WHERE thread_id = $1)
@@ -820,6 +898,10 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only: dropping it loses nothing.
     pub async fn seen_message_ids(
         &self,
         thread_id: &str,
@@ -840,6 +922,11 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it answers, it may or may not have
+    /// been committed; calling it again is safe.
     pub async fn remember_message_ids(
         &self,
         thread_id: &str,
@@ -862,6 +949,11 @@ impl PgRuns {
     /// # Errors
     ///
     /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it answers, it may or may not have
+    /// been committed; calling it again is safe.
     pub async fn sweep(&self, ttl: std::time::Duration) -> Result<u64, sqlx::Error> {
         sqlx::query(
             "DELETE FROM rein_runs WHERE status = 'finished'
@@ -912,6 +1004,10 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
 /// # Errors
 ///
 /// The last error.
+///
+/// # Cancel safety
+///
+/// As `op`'s: dropping it drops the attempt under way.
 pub async fn retry<T, F, Fut>(within: std::time::Duration, mut op: F) -> Result<T, sqlx::Error>
 where
     F: FnMut() -> Fut,

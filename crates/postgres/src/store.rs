@@ -190,6 +190,10 @@ impl PgThreadStore {
     /// # Errors
     ///
     /// The store failed (or, fenced, the thread is not held).
+    ///
+    /// # Cancel safety
+    ///
+    /// One transaction: dropped before it commits, nothing is repaired.
     pub async fn repair_lost(&self, thread_id: &str) -> Result<usize, ThreadStoreError> {
         let mut history = self.load(thread_id).await?;
         let added = rein_runtime::history::repair_with_status(

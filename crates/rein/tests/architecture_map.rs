@@ -1,5 +1,7 @@
 //! `docs/architecture.md` names every crate and every top-level module, so
-//! the map cannot silently fall behind the code.
+//! the map cannot silently fall behind the code; and the tidy rules every
+//! source file keeps (a `//!` paragraph first, `# Cancel safety` on every
+//! public async function of the engine, the service and PostgreSQL).
 
 #![allow(
     clippy::unwrap_used,
@@ -9,7 +11,77 @@
     missing_debug_implementations
 )]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+fn crates() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn every_source_file_opens_with_a_doc_paragraph() {
+    let mut offenders = Vec::new();
+    for krate in std::fs::read_dir(crates()).unwrap() {
+        for file in sources(&krate.unwrap().path().join("src")) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            if !text.starts_with("//!") {
+                offenders.push(file.display().to_string());
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "these files do not open with a `//!` paragraph saying what they own:\n{}",
+        offenders.join("\n")
+    );
+}
+
+#[test]
+fn every_public_async_function_of_the_engine_service_and_postgres_documents_cancel_safety() {
+    let mut offenders = Vec::new();
+    for krate in ["runtime", "service", "postgres"] {
+        for file in sources(&crates().join(krate).join("src")) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                if !line.trim_start().starts_with("pub async fn") {
+                    continue;
+                }
+                let doc = lines[..i]
+                    .iter()
+                    .rev()
+                    .map(|l| l.trim_start())
+                    .skip_while(|l| l.starts_with("#["))
+                    .take_while(|l| l.starts_with("///"));
+                if !doc.into_iter().any(|l| l.contains("# Cancel safety")) {
+                    offenders.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "document what dropping these midway leaves behind (`# Cancel safety`):\n{}",
+        offenders.join("\n")
+    );
+}
 
 #[test]
 fn the_architecture_map_names_every_top_level_module() {
@@ -19,6 +91,7 @@ fn the_architecture_map_names_every_top_level_module() {
         "runtime-contract",
         "runtime",
         "providers",
+        "service",
         "server",
         "mcp",
         "postgres",

@@ -36,7 +36,7 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let runtime = AgentRuntimeBuilder::new()
 //!     .with_agent_spec(AgentSpec::new("assistant").with_model_id("m"))
-//!     .with_model_spec(ModelSpec::new("m", "scripted", "demo"))
+//!     .with_model(ModelSpec::new("m", "scripted", "demo"))
 //!     .with_provider("scripted", std::sync::Arc::new(ScriptedExecutor::new(vec![
 //!         ScriptedResponse::text("Hello."),
 //!     ])))

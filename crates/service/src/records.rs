@@ -164,7 +164,7 @@ pub struct RunEntry {
     state: Mutex<EntryState>,
     /// The number of logged events, bumped on every append and on finish.
     changed: watch::Sender<u64>,
-    /// Whether this process runs it (with a shared store, a run another
+    /// Whether this process runs it (in distributed mode, a run another
     /// process runs is followed from the database instead).
     driven_here: std::sync::atomic::AtomicBool,
     /// Whether a follower copies it from the database.
@@ -295,7 +295,7 @@ impl RunEntry {
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Appends an event read from the shared store, unless the log has it
+    /// Appends an event read from the database, unless the log has it
     /// already (events arrive in order; `seq` is the next one or a repeat).
     pub(crate) fn append_stored(&self, seq: u64, kind: &str, json: String) {
         let mut state = self.state();

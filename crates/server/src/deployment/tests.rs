@@ -1,3 +1,6 @@
+//! The deployment file's loader against valid and broken files: positions,
+//! references, and every error reported at once.
+
 use super::*;
 
 const GOOD: &str = r#"

@@ -73,7 +73,7 @@ pub(crate) struct Distributed {
     /// Runs whose stored state changed (from `NOTIFY rein_events`).
     changes: broadcast::Sender<Change>,
     drivers: TaskTracker,
-    /// Unique per process start: run ids made here are unique cluster-wide.
+    /// Unique per process start: run ids made here are unique across processes.
     tag: String,
     next: AtomicU64,
     /// Threads another live process was found holding.
