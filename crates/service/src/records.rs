@@ -179,7 +179,9 @@ struct EntryState {
 }
 
 impl RunEntry {
-    fn new(
+    /// A new entry; one no record keeps is a snapshot (the answer to a
+    /// submission another process will run).
+    pub(crate) fn new(
         run_id: &str,
         thread_id: &str,
         agent_id: &str,
@@ -322,18 +324,6 @@ impl RunEntry {
         }
         self.changed.send_modify(|_| {});
         true
-    }
-
-    /// An entry no record keeps (the answer to a submission another
-    /// process will run).
-    pub(crate) fn snapshot(
-        run_id: &str,
-        thread_id: &str,
-        agent_id: &str,
-        idempotency_key: Option<String>,
-        status: RunStatus,
-    ) -> Arc<Self> {
-        Self::new(run_id, thread_id, agent_id, idempotency_key, status)
     }
 
     pub(crate) fn set_running(&self) {

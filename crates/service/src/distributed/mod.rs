@@ -196,7 +196,7 @@ impl Distributed {
         // Started here already, or a snapshot: the answer does not follow
         // the run (`Service::live` does, for a caller that waits).
         let entry = self.core.records.get(&run_id).unwrap_or_else(|| {
-            RunEntry::snapshot(
+            RunEntry::new(
                 &run_id,
                 thread_id,
                 &agent_id,
