@@ -31,6 +31,7 @@
 
 mod backoff;
 mod context;
+mod inference;
 pub(crate) mod judge;
 mod report;
 mod tools;
@@ -40,36 +41,30 @@ pub(crate) use backoff::RetryBackoff;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use futures::{FutureExt, StreamExt};
 use rein_runtime_contract::event::{AgentEvent, CancelCause, EventSink};
 use rein_runtime_contract::inference::{
-    InferenceDelta, InferenceError, InferenceErrorKind, InferenceRequest, InferenceResponse,
-    ToolChoice,
+    InferenceError, InferenceRequest, InferenceResponse, ToolChoice,
 };
-use rein_runtime_contract::lifecycle::{
-    IncompleteToolCall, StoppedReason, TerminationReason, ToolCallStatus,
-};
+use rein_runtime_contract::lifecycle::{IncompleteToolCall, TerminationReason, ToolCallStatus};
 use rein_runtime_contract::message::{CacheUsage, Message, TokenUsage, ToolCall, ToolResult};
 use rein_runtime_contract::phase::Phase;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::active_runs::RunControl;
 use crate::agent::Agent;
 use crate::context::ContextWindow;
-use crate::detectors::Verdict;
 use crate::history;
 use crate::phase::{Directives, HookFailure, PhaseContext, RunIdentity, dispatch, panic_message};
 use crate::plugins::EmittedOutputs;
 use crate::policies::StopStatsKey;
 use crate::run::AgentRunResult;
 use crate::state::RunState;
-use judge::{Act, Judge};
+use inference::Inference;
+use judge::Judge;
 
 /// The most summarizing calls made before one inference: a history many
 /// windows long is summarized in passes of half a window each.
 const MAX_SUMMARY_PASSES: u32 = 8;
-use crate::telemetry;
 use crate::thread_store::{ThreadStore, ThreadStoreError};
 
 /// Everything a run needs to start.
@@ -177,17 +172,6 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
     Box::pin(run.finish(reason)).await
 }
 
-/// How one inference attempt ended.
-enum Inference {
-    Done(InferenceResponse),
-    Failed(InferenceError),
-    /// Cancelled (or past the deadline) mid-inference; the text streamed so far.
-    Interrupted(InferenceResponse),
-    /// A streaming detector fired (the judge acted on it already); the
-    /// stream was dropped. The text so far.
-    Cut(InferenceResponse),
-}
-
 /// What a hook dispatch focuses on besides the run.
 #[derive(Default, Clone, Copy)]
 struct Focus<'a> {
@@ -231,58 +215,6 @@ struct Run {
     /// Whether this round's inference was already retried after the
     /// provider refused the prompt as too long.
     overflow_retried: bool,
-}
-
-/// The `detected` event of a detection that took the step `action`.
-fn detected_event(id: &RunIdentity, reason: &StoppedReason, action: &str) -> AgentEvent {
-    AgentEvent::Detected {
-        run_id: id.run_id.clone(),
-        thread_id: id.thread_id.clone(),
-        code: reason.code.clone(),
-        detail: reason.detail.clone(),
-        action: action.to_owned(),
-    }
-}
-
-/// How the loop acts on the judge's verdicts: a nudge joins the history
-/// before the next inference (and the run goes on); the first stop
-/// requested is the run's; a warning or denial is reported (`detected`).
-struct Acting<'a> {
-    directives: &'a mut Directives,
-    id: &'a RunIdentity,
-    /// The sink, when it wants events.
-    sink: Option<&'a Arc<dyn EventSink>>,
-}
-
-impl Act for Acting<'_> {
-    fn stopping(&self) -> bool {
-        self.directives.termination.is_some()
-    }
-
-    fn another_round(&self) -> bool {
-        self.directives.another_round
-    }
-
-    fn act(&mut self, verdict: Verdict) {
-        let (reason, action) = match verdict {
-            Verdict::Nudge(text) => {
-                self.directives.user_messages.push(text);
-                self.directives.another_round = true;
-                return;
-            }
-            Verdict::Stop(reason) => {
-                self.directives
-                    .termination
-                    .get_or_insert(TerminationReason::Stopped(reason));
-                return;
-            }
-            Verdict::Warn(reason) => (reason, "warn"),
-            Verdict::Deny(reason) => (reason, "deny"),
-        };
-        if let Some(sink) = self.sink {
-            emit_guarded(&**sink, detected_event(self.id, &reason, action));
-        }
-    }
 }
 
 /// Sends `event` to `sink`, containing a panic in the sink: a sink that
@@ -531,300 +463,6 @@ impl Run {
             });
             self.history_mut().push(Message::user(text));
         }
-    }
-
-    /// The judge and how the loop acts on its verdicts, borrowed together.
-    fn judge(&mut self) -> (&mut Judge, Acting<'_>) {
-        let acting = Acting {
-            directives: &mut self.directives,
-            id: &self.id,
-            sink: self.events.then_some(&self.sink),
-        };
-        (&mut self.judge, acting)
-    }
-
-    /// The built-in guard after an inference (`failed`: its error).
-    fn guard(&mut self, failed: Option<&InferenceError>) {
-        let Ok(stats) = self.state.get::<StopStatsKey>() else {
-            return;
-        };
-        let mut acting = Acting {
-            directives: &mut self.directives,
-            id: &self.id,
-            sink: self.events.then_some(&self.sink),
-        };
-        let failed = failed.map(|e| e as &dyn std::fmt::Display);
-        self.judge
-            .guard(&self.agent.guard, stats, failed, &mut acting);
-    }
-
-    /// Streams one inference, racing every await against cancellation and
-    /// the deadline.
-    async fn infer(&mut self) -> Inference {
-        let executor = self.agent.executor.clone();
-        let span = telemetry::chat_span(
-            &self.agent.model,
-            self.context
-                .as_ref()
-                .map_or(&self.request, |c| c.request(&self.request)),
-            self.trace_content,
-        );
-        let mut partial = InferenceResponse::default();
-        let mut cut = false;
-        self.judge.start_response();
-        let mut stopped = false;
-        if let Some(context) = &mut self.context {
-            context.sending();
-            let (estimated_tokens, window_tokens) = (context.estimate(), context.window_tokens());
-            self.emit(|| AgentEvent::PromptEstimated {
-                run_id: self.id.run_id.clone(),
-                thread_id: self.id.thread_id.clone(),
-                step: self.steps,
-                estimated_tokens,
-                window_tokens,
-            });
-        }
-        let (outcome, span) = {
-            let request = match &self.context {
-                Some(context) => context.request(&self.request),
-                None => &self.request,
-            };
-            let sink = self.events.then_some(&self.sink);
-            let id = &self.id;
-            let token = &self.control.token;
-            let partial = &mut partial;
-            let judge = &mut self.judge;
-            let watch = judge.watches_text();
-            let mut acting = Acting {
-                directives: &mut self.directives,
-                id,
-                sink,
-            };
-            let cut = &mut cut;
-            let stopped = &mut stopped;
-            let work = AssertUnwindSafe(async move {
-                let mut stream = executor.open(request).await?;
-                while let Some(delta) = stream.next().await {
-                    // A stream whose chunks are always ready never lets the
-                    // select below poll the token, so check it per chunk:
-                    // work between chunks never holds off a cancel.
-                    if token.is_cancelled() {
-                        *stopped = true;
-                        break;
-                    }
-                    let delta = delta?;
-                    let mut cut_here = false;
-                    if let InferenceDelta::Text { text } = &delta {
-                        if text.is_empty() {
-                            continue;
-                        }
-                        if let Some(sink) = sink {
-                            emit_guarded(
-                                &**sink,
-                                AgentEvent::TextDelta {
-                                    run_id: id.run_id.clone(),
-                                    thread_id: id.thread_id.clone(),
-                                    delta: text.clone(),
-                                },
-                            );
-                        }
-                        // A warning is reported and the answer goes on;
-                        // any other verdict cuts it.
-                        cut_here = watch && judge.text(text, &mut acting);
-                    }
-                    partial.apply(delta);
-                    if cut_here {
-                        // Returning drops the stream: nothing more is read.
-                        *cut = true;
-                        break;
-                    }
-                }
-                Ok::<(), InferenceError>(())
-            })
-            .catch_unwind()
-            .instrument(span);
-            // Pinned here so its span can be read back afterwards: the
-            // waiting future holds the span once, not twice.
-            let mut work = std::pin::pin!(work);
-            let outcome = tokio::select! {
-                biased;
-                _ = interrupted(&self.control) => None,
-                outcome = &mut work => Some(outcome),
-            };
-            (outcome, work.span().clone())
-        };
-        let content = self.trace_content;
-        match &outcome {
-            None => telemetry::record_chat_response(&span, &partial, "cancelled", content),
-            Some(Ok(Ok(()))) => {
-                let reason = match (stopped, cut, partial.tool_calls.is_empty()) {
-                    (true, _, _) => "cancelled",
-                    (false, true, _) => "cut",
-                    (false, false, true) => "stop",
-                    (false, false, false) => "tool_calls",
-                };
-                telemetry::record_chat_response(&span, &partial, reason, content);
-            }
-            Some(Ok(Err(error))) => telemetry::record_chat_error(&span, error),
-            Some(Err(_)) => telemetry::record_chat_error(
-                &span,
-                &InferenceError::new(InferenceErrorKind::Other, "executor panicked"),
-            ),
-        }
-        match outcome {
-            None => Inference::Interrupted(partial),
-            Some(Ok(Ok(()))) if stopped => Inference::Interrupted(partial),
-            Some(Ok(Ok(()))) if cut => Inference::Cut(partial),
-            Some(Ok(Ok(()))) => Inference::Done(partial),
-            Some(Ok(Err(error))) => Inference::Failed(error),
-            Some(Err(payload)) => Inference::Failed(InferenceError::new(
-                InferenceErrorKind::Other,
-                format!("executor panicked: {}", panic_message(payload.as_ref())),
-            )),
-        }
-    }
-
-    /// Handles a failed attempt: hooks and guard see it; retryable errors
-    /// wait out the backoff. Returns the reason if the run ends here.
-    async fn after_failed_inference(&mut self, error: InferenceError) -> Option<TerminationReason> {
-        let at = self.started.elapsed();
-        if let Ok(stats) = self.state.get_mut::<StopStatsKey>() {
-            let mut acting = Acting {
-                directives: &mut self.directives,
-                id: &self.id,
-                sink: self.events.then_some(&self.sink),
-            };
-            self.judge.failed(stats, at, &mut acting);
-        }
-        let focus = Focus {
-            error: Some(&error),
-            ..Focus::default()
-        };
-        if let Err(reason) = self.hooks(Phase::AfterInference, focus).await {
-            return Some(reason);
-        }
-        self.guard(Some(&error));
-        if let Some(reason) = self.termination() {
-            return Some(reason);
-        }
-        // A refused attempt is a round like any failed one (counted above,
-        // seen by hooks and policies); with a context policy it is then
-        // answered by reducing the prompt and retrying once.
-        if error.kind() == InferenceErrorKind::ContextOverflow
-            && self
-                .context
-                .as_ref()
-                .is_some_and(|c| c.setup.policy.is_some())
-        {
-            return Box::pin(self.recover_overflow(&error)).await;
-        }
-        if !error.is_retryable() {
-            return Some(TerminationReason::Error(format!(
-                "inference failed: {error}"
-            )));
-        }
-        let attempt = self
-            .state
-            .get::<StopStatsKey>()
-            .map(|s| s.consecutive_errors)
-            .unwrap_or(1);
-        let delay = self.backoff.delay(attempt, &error);
-        self.emit(|| AgentEvent::InferenceRetry {
-            run_id: self.id.run_id.clone(),
-            thread_id: self.id.thread_id.clone(),
-            attempt,
-            error: error.to_string(),
-            delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-        });
-        tracing::debug!(attempt, ?delay, %error, "retrying inference");
-        tokio::select! {
-            biased;
-            _ = interrupted(&self.control) => Some(self.cancelled_reason()),
-            _ = tokio::time::sleep(delay) => None,
-        }
-    }
-
-    /// Handles a successful inference. Returns the reason if the run ends.
-    async fn after_inference(&mut self, response: InferenceResponse) -> Option<TerminationReason> {
-        match response.usage {
-            Some(usage) => {
-                self.usage.add(usage);
-                if let Some(context) = &self.context {
-                    context.observe(usage.input_tokens);
-                }
-            }
-            None => self.usage_complete = false,
-        }
-        if let Some(cache) = response.cache {
-            self.cache_usage
-                .get_or_insert_with(CacheUsage::default)
-                .add(cache);
-        }
-        self.overflow_retried = false;
-        let at = self.started.elapsed();
-        if let Ok(stats) = self.state.get_mut::<StopStatsKey>() {
-            self.judge.answered(stats, &response, at);
-        }
-        // A per-request tool choice applies until the first successful inference.
-        if self.request.tool_choice != self.agent.spec.tool_choice {
-            self.request.tool_choice = self.agent.spec.tool_choice.clone();
-        }
-        let focus = Focus {
-            inference: Some(&response),
-            ..Focus::default()
-        };
-        let hooks = self.hooks(Phase::AfterInference, focus).await;
-        self.guard(None);
-        let InferenceResponse {
-            text, tool_calls, ..
-        } = response;
-        self.response.clone_from(&text);
-        let calls = if tool_calls.is_empty() {
-            // An empty answer is not stored: some providers (Anthropic)
-            // reject empty assistant content in every later request.
-            if !text.is_empty() {
-                self.history_mut().push(Message::assistant(text));
-            }
-            Vec::new()
-        } else {
-            self.history_mut()
-                .push(Message::assistant_with_tools(text, tool_calls.clone()));
-            tool_calls
-        };
-        if let Err(reason) = hooks {
-            return Some(reason);
-        }
-        if let Some(reason) = self.termination() {
-            return Some(reason);
-        }
-        if !calls.is_empty()
-            && let Err(reason) = self.run_tools(&calls).await
-        {
-            return Some(reason);
-        }
-        if let Err(reason) = self.hooks(Phase::StepEnd, Focus::default()).await {
-            return Some(reason);
-        }
-        // A stop requested during the round ends it before the round is
-        // stored: `finish` answers the calls that did not run, then stores.
-        if let Some(reason) = self.termination() {
-            return Some(reason);
-        }
-        if let Err(reason) = self.persist().await {
-            return Some(reason);
-        }
-        if calls.is_empty() {
-            // A final answer that asks the user something: stop (or nudge,
-            // or warn) instead of ending naturally.
-            let answer = std::mem::take(&mut self.response);
-            let (judge, mut acting) = self.judge();
-            judge.final_answer(&answer, &mut acting);
-            self.response = answer;
-        }
-        if calls.is_empty() && !std::mem::take(&mut self.directives.another_round) {
-            return Some(self.termination().unwrap_or(TerminationReason::NaturalEnd));
-        }
-        None
     }
 
     /// Ends the run: repairs the history, runs `RunEnd` hooks, persists,
