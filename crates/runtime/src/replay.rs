@@ -15,9 +15,11 @@
 //!
 //! A run is rebuilt round by round from its events: the streamed text
 //! (`text_delta`), the tool calls and their results, failed attempts
-//! (`inference_retry`) and the run's end. The detectors and the statistics
-//! policies get them in the order and at the times the run had them, with
-//! the agent's escalation ladders and tool rules. A recording has no usage
+//! (`inference_retry`) and the run's end. Each round is fed, at the times
+//! the run had them, to the judge the agent loop uses
+//! (`agent_loop::judge`), in the loop's order: it evaluates the statistics
+//! policies, detectors, escalation ladders and tool rules exactly as a
+//! live run would, up to the run's first stop. A recording has no usage
 //! per inference, only the run's total, so `token_budget` is judged once,
 //! at the run's end. The model saw no nudge or stop that replay reports:
 //! each firing is where the configured conditions *would* have acted, and
