@@ -38,6 +38,8 @@ use crate::submission::{Strategy, Submission, Submitted};
 pub(crate) struct InProcess {
     core: Arc<Core>,
     lanes: Mutex<HashMap<String, Arc<Lane>>>,
+    /// The tasks that await runs and record their results.
+    drivers: tokio_util::task::TaskTracker,
     me: Weak<InProcess>,
 }
 
@@ -75,6 +77,7 @@ impl InProcess {
         let mode = Arc::new_cyclic(|me| Self {
             core: core.clone(),
             lanes: Mutex::default(),
+            drivers: tokio_util::task::TaskTracker::new(),
             me: me.clone(),
         });
         let ttl = core.settings.retention.finished_run_ttl_seconds;
@@ -201,7 +204,7 @@ impl InProcess {
         let Some(mode) = self.me.upgrade() else {
             return;
         };
-        tokio::spawn(async move {
+        self.drivers.spawn(async move {
             let result = handle.wait().await.unwrap_or_else(|e| {
                 AgentRunResult::new(
                     &entry.run_id,
@@ -403,5 +406,13 @@ impl Mode for InProcess {
             self.drain_queue(&lane, CancelCause::Shutdown);
         }
         self.core.runtime.shutdown().await;
+        // The runs have ended: their records are written next.
+        self.drivers.close();
+        if tokio::time::timeout(self.core.cancel_wait(), self.drivers.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some run records were not written before shutdown");
+        }
     }
 }
