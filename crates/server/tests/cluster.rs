@@ -192,6 +192,15 @@ async fn a_process_paused_past_its_lease_writes_nothing_when_it_wakes() {
     assert_valid(&history);
     let record = b.finished(&run_id, Duration::from_secs(1)).await;
     assert_eq!(record, lost, "the paused process rewrote the record");
+    // The woken process serves the database's version of the run, not the
+    // one it logged while its writes were refused.
+    let from_a = a.finished(&run_id, Duration::from_secs(5)).await;
+    assert_eq!(from_a, lost, "the woken process serves its own record");
+    assert_eq!(
+        a.events(&run_id, None, Duration::from_secs(5)).await,
+        b.events(&run_id, None, Duration::from_secs(5)).await,
+        "SSE ids mean the same events on every process"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -220,18 +229,24 @@ async fn a_database_restart_mid_run_loses_nothing() {
         .args(["postgres", "restart"])
         .spawn()
         .unwrap();
-    // A `reject` submission while the database restarts rides it out too.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let lone = thread("restart-reject");
-    let (status, rejected) = b
-        .post(
-            &format!("/v1/threads/{lone}/runs"),
-            json!({"agent_id": "quick", "strategy": "reject",
-                   "messages": [{"role": "user", "content": "during the restart"}]}),
-        )
-        .await;
-    assert_eq!(status, 202, "{rejected}");
+    // `reject` submissions while the database restarts ride it out too:
+    // one every 25 ms on fresh threads, over both processes, until the
+    // restart is done.
+    let mut sent = Vec::new();
+    let mut i = 0;
+    while restart.try_wait().unwrap().is_none() {
+        let node = if i % 2 == 0 { &a } else { &b };
+        let lone = thread(&format!("restart-reject-{i}"));
+        let body = json!({"agent_id": "quick", "strategy": "reject",
+                          "messages": [{"role": "user", "content": "during the restart"}]});
+        sent.push(async move { node.post(&format!("/v1/threads/{lone}/runs"), body).await });
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        i += 1;
+    }
     assert!(restart.wait().unwrap().success());
+    for (status, body) in futures::future::join_all(sent).await {
+        assert_eq!(status, 202, "{body}");
+    }
     let record = a
         .finished(busy["run_id"].as_str().unwrap(), Duration::from_secs(30))
         .await;

@@ -12,40 +12,19 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cluster_common::{DATABASE, Node, assert_valid, config, database, thread};
-use futures::StreamExt;
 use serde_json::{Value, json};
 
-/// A run's SSE stream read to its end (at most `within`): the events'
-/// `event:` types in order.
+/// A run's SSE stream read to its end: the events' types in order.
 async fn stream_types(
     node: &Node,
     run_id: &str,
-    last_event_id: Option<u64>,
+    after: Option<u64>,
     within: Duration,
 ) -> Vec<String> {
-    let mut request = node
-        .client
-        .get(format!("{}/v1/runs/{run_id}/events", node.url));
-    if let Some(id) = last_event_id {
-        request = request.header("last-event-id", id.to_string());
-    }
-    let response = request.send().await.unwrap();
-    assert_eq!(response.status().as_u16(), 200);
-    let mut body = response.bytes_stream();
-    let mut text = String::new();
-    let read = tokio::time::timeout(within, async {
-        while let Some(chunk) = body.next().await {
-            text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-        }
-    })
-    .await;
-    assert!(
-        read.is_ok(),
-        "the stream of {run_id} did not end within {within:?}: {text}"
-    );
-    text.lines()
-        .filter_map(|l| l.strip_prefix("event: "))
-        .map(str::to_owned)
+    node.events(run_id, after, within)
+        .await
+        .into_iter()
+        .map(|(_, kind, _)| kind)
         .collect()
 }
 
@@ -117,12 +96,26 @@ async fn a_queued_run_cancelled_on_one_process_ends_its_stream_with_run_finished
         let busy = a.submit(&t, "slow", "talk", "interrupt").await;
         let queued = b.submit(&t, "quick", "later", "enqueue").await;
         let run_id = queued["run_id"].as_str().unwrap();
+        // The cancelling process already follows the run: a reader has its
+        // record and an open stream there.
+        let (_, record) = b.get(&format!("/v1/runs/{run_id}")).await;
+        assert_eq!(record["status"], "queued", "{record}");
+        let open = b.events(run_id, None, Duration::from_secs(5));
+        tokio::pin!(open);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), &mut open)
+                .await
+                .is_err(),
+            "the stream of a queued run stays open"
+        );
         assert_eq!(
             b.post(&format!("/v1/runs/{run_id}/cancel"), json!({}))
                 .await,
             (200, json!({"cancelled": true})),
             "try {i}"
         );
+        let streamed: Vec<String> = open.await.into_iter().map(|(_, kind, _)| kind).collect();
+        assert_eq!(streamed, ["run_finished"], "try {i}: the open stream");
         for node in [&b, &c, &a] {
             let types = stream_types(node, run_id, None, Duration::from_secs(5)).await;
             assert_eq!(types, ["run_finished"], "try {i}");
@@ -322,4 +315,34 @@ async fn client_errors_are_refused_as_client_errors_and_nul_text_is_stored_exact
     assert_eq!(record["termination"]["type"], "natural_end", "{record}");
     let history = history(&a, &t).await;
     assert_eq!(history[0]["content"], text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_cancel_and_a_shutdown_are_confirmed_by_every_process() {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let config = config(3);
+    let (a, b) = (Node::start(&config), Node::start(&config));
+    // A thread cancelled through a process that does not run it.
+    let t = thread("truth-cancel");
+    let run = a.submit(&t, "slow", "talk", "interrupt").await;
+    let run_id = run["run_id"].as_str().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        b.post(&format!("/v1/threads/{t}/cancel"), json!({})).await,
+        (200, json!({"cancelled": true, "released": true}))
+    );
+    let (_, record) = b.get(&format!("/v1/runs/{run_id}")).await;
+    assert_eq!(record["status"], "finished", "{record}");
+    assert_eq!(record["termination"]["type"], "cancelled", "{record}");
+    // A run whose process shuts down (SIGTERM) reads finished elsewhere.
+    let t = thread("truth-shutdown");
+    let run = a.submit(&t, "slow", "talk", "interrupt").await;
+    let run_id = run["run_id"].as_str().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.signal("-TERM");
+    let record = b.finished(run_id, Duration::from_secs(10)).await;
+    assert_eq!(record["cancel_cause"]["type"], "shutdown", "{record}");
+    let types = stream_types(&b, run_id, None, Duration::from_secs(5)).await;
+    assert_eq!(types.last().map(String::as_str), Some("run_finished"));
 }

@@ -592,15 +592,19 @@ async fn a_made_run_id_is_never_refused_because_an_agui_client_chose_it() {
     server.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_agui_resends_of_one_message_append_it_once() {
     let server = Server::start(YAML).await;
     for trial in 0..5 {
         let thread = format!("resend-{trial}");
+        // A slow run holds the thread, so each resend's interrupt waits for
+        // the run before it to let go.
+        let (status, busy) = server.say(&thread, "busy", agent("slow")).await;
+        assert_eq!(status, 202, "{busy}");
         let sends = (0..8).map(|i| {
             let request = server
                 .client
-                .post(format!("{}/v1/ag-ui/fast", server.url))
+                .post(format!("{}/v1/ag-ui/slow", server.url))
                 .json(&json!({"threadId": thread, "runId": format!("{thread}-{i}"),
                               "messages": [{"id": "once", "role": "user", "content": "only once"}]}));
             async move { request.send().await.unwrap().text().await.unwrap() }
@@ -608,7 +612,7 @@ async fn concurrent_agui_resends_of_one_message_append_it_once() {
         futures::future::join_all(sends).await;
         assert_eq!(
             server.user_messages(&thread).await,
-            ["only once"],
+            ["busy", "only once"],
             "trial {trial}"
         );
     }

@@ -125,7 +125,13 @@ impl Node {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
-    pub(crate) async fn submit(&self, thread: &str, agent: &str, text: &str, strategy: &str) -> Value {
+    pub(crate) async fn submit(
+        &self,
+        thread: &str,
+        agent: &str,
+        text: &str,
+        strategy: &str,
+    ) -> Value {
         let (status, body) = self
             .post(
                 &format!("/v1/threads/{thread}/runs"),
@@ -152,6 +158,54 @@ impl Node {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+impl Node {
+    /// A run's SSE stream read to its end (at most `within`), after
+    /// `Last-Event-ID` `after` if given: each event's id, type and data.
+    pub(crate) async fn events(
+        &self,
+        run_id: &str,
+        after: Option<u64>,
+        within: Duration,
+    ) -> Vec<(u64, String, String)> {
+        use futures::StreamExt;
+        let mut request = self
+            .client
+            .get(format!("{}/v1/runs/{run_id}/events", self.url));
+        if let Some(id) = after {
+            request = request.header("last-event-id", id.to_string());
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        let mut body = response.bytes_stream();
+        let mut text = String::new();
+        let read = tokio::time::timeout(within, async {
+            while let Some(chunk) = body.next().await {
+                text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            }
+        })
+        .await;
+        assert!(
+            read.is_ok(),
+            "the stream of {run_id} did not end within {within:?}: {text}"
+        );
+        text.split("\n\n")
+            .filter_map(|block| {
+                let field = |name: &str| {
+                    block
+                        .lines()
+                        .find_map(|l| l.strip_prefix(name))
+                        .map(str::to_owned)
+                };
+                Some((
+                    field("id: ")?.parse().ok()?,
+                    field("event: ")?,
+                    field("data: ")?,
+                ))
+            })
+            .collect()
     }
 }
 
