@@ -211,6 +211,12 @@ impl PgThreadStore {
 
 #[async_trait::async_trait]
 impl ThreadStore for PgThreadStore {
+    /// Histories live in the database: a round's calls are stored before
+    /// they run, so a lost process's open calls can be answered.
+    fn outlives_the_process(&self) -> bool {
+        true
+    }
+
     async fn load(&self, thread_id: &str) -> Result<Vec<Message>, ThreadStoreError> {
         let fence = self.leases.as_ref().and_then(|l| l.fence(thread_id));
         if let Some(fence) = fence

@@ -70,6 +70,15 @@ pub trait ThreadStore: Send + Sync {
     async fn delete(&self, thread_id: &str) -> Result<(), ThreadStoreError> {
         self.replace(thread_id, &[]).await
     }
+
+    /// Whether histories outlive the process (a database). The agent loop
+    /// then stores a round's assistant message with its tool calls before
+    /// the calls run, so a process lost mid-call leaves them in the history
+    /// for the next run (or the next owner) to answer as "may or may not
+    /// have run". In memory that write would buy nothing. Default `false`.
+    fn outlives_the_process(&self) -> bool {
+        false
+    }
 }
 
 /// A [`ThreadStore`] in process memory; histories are lost when it is dropped.

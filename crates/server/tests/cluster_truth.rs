@@ -346,3 +346,71 @@ async fn a_thread_cancel_and_a_shutdown_are_confirmed_by_every_process() {
     let types = stream_types(&b, run_id, None, Duration::from_secs(5)).await;
     assert_eq!(types.last().map(String::as_str), Some("run_finished"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_open_when_its_process_is_killed_stays_in_the_history_answered_as_may_have_run()
+{
+    let Some(_) = database() else { return };
+    let Ok(entry) = std::env::var("REIN_MCP_EVERYTHING") else {
+        eprintln!("skipped: REIN_MCP_EVERYTHING is not set (.ci/run sets it)");
+        return;
+    };
+    let _shared = DATABASE.read().await;
+    let yaml = format!(
+        r#"
+providers:
+  offline:
+    kind: scripted
+    responses:
+      - {{ text: "Starting it.", tool_calls: [ {{ name: everything__trigger-long-running-operation, arguments: {{ duration: 60, steps: 60 }} }} ] }}
+      - "Done."
+models:
+  demo: {{ provider: offline, model: script }}
+mcp_servers:
+  everything: {{ command: node, args: ["{entry}", "stdio"] }}
+agents:
+  - {{ id: assistant, model_id: demo, tools: [everything__trigger-long-running-operation] }}
+store: {{ postgres: {{ url_env: REIN_DATABASE_URL }} }}
+server: {{ lease_seconds: 1 }}
+"#
+    );
+    let config = std::env::temp_dir().join(format!("rein-truth-mcp-{}.yaml", std::process::id()));
+    std::fs::write(&config, yaml).unwrap();
+    let (a, b) = (Node::start(&config), Node::start(&config));
+    let t = thread("truth-open-call");
+    let run = a
+        .submit(&t, "assistant", "run the long operation", "interrupt")
+        .await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    // Wait until the run runs; its call (60 s) starts at once.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, record) = b.get(&format!("/v1/runs/{run_id}")).await;
+        if record["status"] == "running" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the run did not start: {record}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    a.signal("-KILL");
+    let record = b.finished(&run_id, Duration::from_secs(10)).await;
+    assert_eq!(
+        record["termination"]["value"],
+        rein_server::service::LOST_RUN,
+        "{record}"
+    );
+    let history = history(&b, &t).await;
+    assert_valid(&Value::Array(history.clone()));
+    let call = history
+        .iter()
+        .find(|m| m["tool_calls"].is_array())
+        .unwrap_or_else(|| panic!("the round's calls are in the history: {history:?}"));
+    assert_eq!(call["content"], "Starting it.");
+    let result = history
+        .iter()
+        .find(|m| m["tool_call_id"] == call["tool_calls"][0]["id"])
+        .unwrap();
+    assert_eq!(result["tool_status"], "may_have_completed", "{result}");
+    let _ = std::fs::remove_file(&config);
+}

@@ -359,6 +359,15 @@ impl Run {
         if let Some(reason) = self.termination() {
             return Some(reason);
         }
+        // With a store that outlives the process, the calls are stored
+        // before they run: a process lost mid-call leaves them open in the
+        // history, for whoever runs the thread next to answer.
+        if !calls.is_empty()
+            && self.store.outlives_the_process()
+            && let Err(reason) = self.persist().await
+        {
+            return Some(reason);
+        }
         if !calls.is_empty()
             && let Err(reason) = self.run_tools(&calls).await
         {

@@ -11,6 +11,7 @@
 //!   assistant message appended (also when the run stops here)
 //!   stop requested?                     -> that reason
 //!   no tool calls                       -> StepEnd hooks; NaturalEnd (unless another round was requested)
+//!   a store that outlives the process: the assistant message with its calls is persisted
 //!   per call: BeforeToolExecute hook, spawn; wait for all; AfterToolExecute hooks in call order
 //!   StepEnd hooks; the round is persisted
 //! finish: repair unanswered calls; RunEnd hooks; persist; RunFinished
