@@ -230,7 +230,12 @@ impl PgRuns {
             .await?
             .rows_affected();
             if recorded < new.message_ids.len() as u64 {
-                return Ok(SubmitOutcome::MessagesSeen);
+                drop(tx);
+                return Ok(if self.is_mine(new, &messages).await? {
+                    SubmitOutcome::Queued
+                } else {
+                    SubmitOutcome::MessagesSeen
+                });
             }
         }
         if let Some(key) = new.idempotency_key {
@@ -293,16 +298,7 @@ impl PgRuns {
             }
             Err(sqlx::Error::Database(e)) if e.constraint() == Some("rein_runs_pkey") => {
                 drop(tx);
-                let mine: bool = sqlx::query_scalar(
-                    "SELECT EXISTS (SELECT 1 FROM rein_runs
-                     WHERE run_id = $1 AND thread_id = $2 AND messages = $3)",
-                )
-                .bind(new.run_id)
-                .bind(new.thread_id)
-                .bind(messages.as_ref())
-                .fetch_one(&self.pool)
-                .await?;
-                Ok(if mine {
+                Ok(if self.is_mine(new, &messages).await? {
                     SubmitOutcome::Queued
                 } else {
                     SubmitOutcome::RunIdTaken
@@ -310,6 +306,21 @@ impl PgRuns {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether the run `new` names is stored with its thread and messages:
+    /// this submission's own, committed by an attempt whose answer was
+    /// lost.
+    async fn is_mine(&self, new: &NewRun<'_>, messages: &Value) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM rein_runs
+             WHERE run_id = $1 AND thread_id = $2 AND messages = $3)",
+        )
+        .bind(new.run_id)
+        .bind(new.thread_id)
+        .bind(messages)
+        .fetch_one(&self.pool)
+        .await
     }
 
     fn fence(&self, thread_id: &str) -> Option<i64> {

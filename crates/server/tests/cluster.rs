@@ -239,12 +239,26 @@ async fn a_database_restart_mid_run_loses_nothing() {
         let lone = thread(&format!("restart-reject-{i}"));
         let body = json!({"agent_id": "quick", "strategy": "reject",
                           "messages": [{"role": "user", "content": "during the restart"}]});
-        sent.push(async move { node.post(&format!("/v1/threads/{lone}/runs"), body).await });
+        // Sent now (spawned), not when the answers are collected.
+        let request = node
+            .client
+            .post(format!("{}/v1/threads/{lone}/runs", node.url))
+            .json(&body);
+        sent.push(tokio::spawn(async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (
+                status,
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }));
         tokio::time::sleep(Duration::from_millis(25)).await;
         i += 1;
     }
     assert!(restart.wait().unwrap().success());
-    for (status, body) in futures::future::join_all(sent).await {
+    assert!(!sent.is_empty());
+    for answer in futures::future::join_all(sent).await {
+        let (status, body) = answer.unwrap();
         assert_eq!(status, 202, "{body}");
     }
     let record = a

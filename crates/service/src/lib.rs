@@ -221,7 +221,15 @@ impl Service {
     ///
     /// As [`run`](Self::run).
     pub async fn live(&self, submitted: &Submitted) -> Result<Arc<RunEntry>, ServiceError> {
-        self.mode.run(&submitted.entry().run_id).await
+        let entry = submitted.entry();
+        match self.mode.run(&entry.run_id).await {
+            // Finished and already past retention: the submission's entry
+            // has its result.
+            Err(ServiceError::UnknownRun { .. }) if entry.status() == RunStatus::Finished => {
+                Ok(entry.clone())
+            }
+            other => other,
+        }
     }
 
     /// Records client message ids the thread has now been sent (AG-UI:

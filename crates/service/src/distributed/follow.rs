@@ -128,6 +128,8 @@ impl Distributed {
             tokio::pin!(deadline);
             loop {
                 tokio::select! {
+                    // After shutdown nobody here reads the entry any more.
+                    _ = self.core.closing.cancelled() => return,
                     _ = &mut deadline => break,
                     _ = entry.cancellation().cancelled(), if !cancel_sent => break,
                     change = changes.recv() => match change {
