@@ -308,6 +308,36 @@ impl PgRuns {
         }
     }
 
+    /// Whether run `run_id` was submitted to `thread_id` for `agent_id`
+    /// with `messages` (what makes a repeated idempotency key the same
+    /// submission).
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only: dropping it loses nothing.
+    pub async fn is_submission(
+        &self,
+        run_id: &str,
+        thread_id: &str,
+        agent_id: &str,
+        messages: &Value,
+    ) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM rein_runs
+             WHERE run_id = $1 AND thread_id = $2 AND agent_id = $3 AND messages = $4)",
+        )
+        .bind(run_id)
+        .bind(thread_id)
+        .bind(agent_id)
+        .bind(crate::nul::encode(messages).as_ref())
+        .fetch_one(&self.pool)
+        .await
+    }
+
     /// Whether the run `new` names is stored with its thread and messages:
     /// this submission's own, committed by an attempt whose answer was
     /// lost.

@@ -119,9 +119,18 @@ async fn a_queued_run_cancelled_on_one_process_ends_its_stream_with_run_finished
         for node in [&b, &c, &a] {
             let types = stream_types(node, run_id, None, Duration::from_secs(5)).await;
             assert_eq!(types, ["run_finished"], "try {i}");
-            // Resuming after the last event ends at once, with nothing.
-            let rest = stream_types(node, run_id, Some(1), Duration::from_secs(5)).await;
-            assert!(rest.is_empty(), "try {i}: {rest:?}");
+            // Resuming after the last event is refused, never a silent
+            // close a client would reconnect after for ever.
+            let resumed = node
+                .client
+                .get(format!("{}/v1/runs/{run_id}/events", node.url))
+                .header("last-event-id", "1")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resumed.status().as_u16(), 400, "try {i}");
+            let error: Value = resumed.json().await.unwrap();
+            assert_eq!(error["error"]["code"], "invalid_last_event_id", "{error}");
             let record = node.finished(run_id, Duration::from_secs(1)).await;
             assert_eq!(record["termination"]["type"], "cancelled", "{record}");
         }
@@ -304,6 +313,29 @@ async fn client_errors_are_refused_as_client_errors_and_nul_text_is_stored_exact
             "{error}"
         );
     }
+    // A repeated idempotency key with other messages, on another process.
+    let b = Node::start(&config);
+    let k = thread("truth-key");
+    let body = |text: &str| {
+        json!({"agent_id": "quick", "idempotency_key": "pay",
+               "messages": [{"role": "user", "content": text}]})
+    };
+    let (status, first) = a
+        .post(&format!("/v1/threads/{k}/runs"), body("pay 10"))
+        .await;
+    assert_eq!(status, 202, "{first}");
+    let (status, error) = b
+        .post(&format!("/v1/threads/{k}/runs"), body("pay 1000"))
+        .await;
+    assert_eq!(
+        (status, error["error"]["code"].clone()),
+        (422, json!("idempotency_key_reused")),
+        "{error}"
+    );
+    let (status, again) = b
+        .post(&format!("/v1/threads/{k}/runs"), body("pay 10"))
+        .await;
+    assert_eq!((status, &again["run_id"]), (200, &first["run_id"]));
     let text = "binary\u{0}text \u{E000} end";
     let (status, record) = a
         .post(

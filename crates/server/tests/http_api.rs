@@ -653,3 +653,103 @@ async fn ids_over_the_limit_or_with_control_characters_are_refused_naming_the_fi
     assert!(server.user_messages("t").await.is_empty());
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_message_with_an_unknown_field_is_refused_naming_it() {
+    let server = Server::start(YAML).await;
+    let (status, error) = server
+        .post(
+            "/v1/threads/typo/runs",
+            json!({"agent_id": "fast", "messages": [{"role": "user", "conten": "hi"}]}),
+        )
+        .await;
+    assert_eq!(
+        (status, error["error"]["code"].as_str()),
+        (422, Some("invalid_body")),
+        "{error}"
+    );
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("messages[0]: unknown field `conten`"),
+        "{message}"
+    );
+    assert!(server.user_messages("typo").await.is_empty());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_route_asked_with_the_wrong_method_answers_a_json_405() {
+    let server = Server::start(YAML).await;
+    let response = server
+        .client
+        .delete(format!("{}/v1/agents", server.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 405);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "method_not_allowed", "{error}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn resuming_a_finished_run_s_stream_past_its_end_is_refused_not_closed_silently() {
+    let server = Server::start(YAML).await;
+    let (status, accepted) = server.say("resume", "hello", agent("fast")).await;
+    assert_eq!(status, 202, "{accepted}");
+    let run_id = accepted["run_id"].as_str().unwrap().to_owned();
+    server.finished(&run_id).await;
+    let events = |after: usize| {
+        server
+            .client
+            .get(format!("{}/v1/runs/{run_id}/events", server.url))
+            .header("last-event-id", after.to_string())
+            .send()
+    };
+    let all = read_sse(events(0).await.unwrap(), usize::MAX).await;
+    let last = all.len();
+    assert_eq!(all[last - 1].1, "run_finished");
+    let rest = read_sse(events(last - 1).await.unwrap(), usize::MAX).await;
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].1, "run_finished");
+    let past = events(last).await.unwrap();
+    assert_eq!(past.status().as_u16(), 400);
+    let error: Value = past.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "invalid_last_event_id", "{error}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_idempotency_key_sent_again_with_other_messages_is_refused() {
+    let server = Server::start(YAML).await;
+    let (status, first) = server
+        .say(
+            "k",
+            "pay 10",
+            json!({"agent_id": "fast", "idempotency_key": "pay"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{first}");
+    let (status, error) = server
+        .say(
+            "k",
+            "pay 1000",
+            json!({"agent_id": "fast", "idempotency_key": "pay"}),
+        )
+        .await;
+    assert_eq!(
+        (status, error["error"]["code"].as_str()),
+        (422, Some("idempotency_key_reused")),
+        "{error}"
+    );
+    let (status, again) = server
+        .say(
+            "k",
+            "pay 10",
+            json!({"agent_id": "fast", "idempotency_key": "pay"}),
+        )
+        .await;
+    assert_eq!((status, &again["run_id"]), (200, &first["run_id"]));
+    assert_eq!(server.user_messages("k").await, ["pay 10"]);
+    server.stop().await;
+}

@@ -50,6 +50,19 @@ pub enum ServiceError {
         /// The thread.
         thread_id: String,
     },
+    /// The idempotency key was used on the thread by a submission with a
+    /// different body (agent or messages).
+    #[error(
+        "idempotency key \"{key}\" was used on thread \"{thread_id}\" for run \"{run_id}\" with a different agent or messages; send a new key for new input"
+    )]
+    IdempotencyKeyReused {
+        /// The thread.
+        thread_id: String,
+        /// The key.
+        key: String,
+        /// The run the key names.
+        run_id: String,
+    },
     /// A client-chosen run id is taken.
     #[error("run id \"{run_id}\" is already taken; choose another")]
     RunIdInUse {
@@ -110,6 +123,7 @@ impl ServiceError {
             Self::ThreadBusy { .. } => "thread_busy",
             Self::ThreadOwnedElsewhere { .. } => "thread_owned_elsewhere",
             Self::RunIdInUse { .. } => "run_id_in_use",
+            Self::IdempotencyKeyReused { .. } => "idempotency_key_reused",
             Self::UnknownRun { .. } => "unknown_run",
             Self::RunNotRunning { .. } | Self::ToolCall(_) => "tool_call_not_running",
             Self::ShuttingDown => "shutting_down",

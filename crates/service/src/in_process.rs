@@ -53,7 +53,9 @@ struct Lane {
 struct LaneState {
     active: Option<String>,
     queue: VecDeque<Queued>,
-    keys: HashMap<String, String>,
+    /// Idempotency keys: the run each names, and its submission's
+    /// fingerprint.
+    keys: HashMap<String, (String, u64)>,
     /// Client message ids the thread has seen (AG-UI). Kept while the
     /// thread is, so a lane with some is never tidied away.
     message_ids: HashSet<String>,
@@ -126,9 +128,24 @@ impl InProcess {
     ) -> Result<Submitted, ServiceError> {
         let _serial = lane.submit.lock().await;
         let core = &self.core;
+        let agent = core
+            .runtime
+            .agent_spec(s.agent_id.as_deref())
+            .map(|spec| spec.id.clone())
+            .unwrap_or_default();
+        let fingerprint = s.fingerprint(&agent);
         if let Some(key) = &s.idempotency_key {
             let known = lane.state().keys.get(key).cloned();
-            if let Some(entry) = known.and_then(|run_id| core.records.get(&run_id)) {
+            if let Some((run_id, first)) = known
+                && let Some(entry) = core.records.get(&run_id)
+            {
+                if first != fingerprint {
+                    return Err(ServiceError::IdempotencyKeyReused {
+                        thread_id: thread_id.to_owned(),
+                        key: key.clone(),
+                        run_id,
+                    });
+                }
                 return Ok(Submitted::Duplicate(entry));
             }
         }
@@ -192,7 +209,7 @@ impl InProcess {
         }
         let mut state = lane.state();
         if let Some(key) = s.idempotency_key {
-            state.keys.insert(key, run_id);
+            state.keys.insert(key, (run_id, fingerprint));
         }
         state.message_ids.extend(new_ids);
         Ok(Submitted::New(entry))

@@ -128,6 +128,18 @@ impl Submission {
         (messages, ids)
     }
 
+    /// What makes two submissions with one idempotency key the same: the
+    /// agent that runs them and their messages.
+    pub(crate) fn fingerprint(&self, agent_id: &str) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        agent_id.hash(&mut hasher);
+        serde_json::to_string(&self.messages)
+            .unwrap_or_default()
+            .hash(&mut hasher);
+        hasher.finish()
+    }
+
     /// Every client message id of the submission.
     pub(crate) fn client_ids(&self) -> Vec<String> {
         self.client_messages

@@ -71,7 +71,7 @@ fn status(e: &ServiceError) -> u16 {
             rein::RuntimeError::ShutDown => 503,
             _ => 500,
         },
-        E::InvalidField { .. } | E::UnknownStrategy { .. } => 422,
+        E::InvalidField { .. } | E::UnknownStrategy { .. } | E::IdempotencyKeyReused { .. } => 422,
         E::ThreadBusy { .. }
         | E::ThreadOwnedElsewhere { .. }
         | E::RunIdInUse { .. }

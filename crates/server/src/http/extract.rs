@@ -7,6 +7,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
+use rein::contract::message::Message;
 use serde::de::DeserializeOwned;
 
 use super::ApiError;
@@ -154,4 +155,42 @@ impl<S: Send + Sync> FromRequestParts<S> for LastEventId {
                 }),
         }
     }
+}
+
+/// The fields a message of a submission may have.
+const MESSAGE_FIELDS: [&str; 6] = [
+    "role",
+    "content",
+    "tool_calls",
+    "tool_call_id",
+    "interrupted",
+    "tool_status",
+];
+
+/// A submission's messages, each refused when it has a field a message
+/// does not have (a misspelt `conten` would otherwise store an empty
+/// message), naming the message and the field.
+pub(crate) fn strict_messages<'de, D>(deserializer: D) -> Result<Vec<Message>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::Deserialize;
+    use serde::de::Error;
+    let raw = Vec::<serde_json::Map<String, serde_json::Value>>::deserialize(deserializer)?;
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, fields)| {
+            if let Some(unknown) = fields
+                .keys()
+                .find(|k| !MESSAGE_FIELDS.contains(&k.as_str()))
+            {
+                return Err(D::Error::custom(format!(
+                    "messages[{i}]: unknown field `{unknown}`; a message has {}",
+                    MESSAGE_FIELDS.join(", ")
+                )));
+            }
+            serde_json::from_value(serde_json::Value::Object(fields))
+                .map_err(|e| D::Error::custom(format!("messages[{i}]: {e}")))
+        })
+        .collect()
 }

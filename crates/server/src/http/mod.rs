@@ -45,8 +45,21 @@ pub fn router(service: Service, settings: &crate::deployment::ServerSettings) ->
         .route("/v1/threads/{thread_id}", delete(delete_thread))
         .route("/v1/ag-ui/{agent_id}", post(agui::run))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(service)
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        405,
+        "method_not_allowed",
+        format!(
+            "{} is not a method of {}; see docs/service.md for the routes",
+            method,
+            uri.path()
+        ),
+    )
 }
 
 async fn not_found() -> ApiError {
@@ -93,6 +106,7 @@ async fn agents(State(service): State<Service>) -> Json<Vec<AgentView>> {
 struct SubmitBody {
     #[serde(default)]
     agent_id: Option<String>,
+    #[serde(deserialize_with = "extract::strict_messages")]
     messages: Vec<Message>,
     #[serde(default)]
     strategy: Option<String>,

@@ -13,7 +13,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::ApiError;
 use super::extract::{LastEventId, PathParams};
-use crate::service::{LoggedEvent, RunEntry, Service};
+use crate::service::{LoggedEvent, RunEntry, RunStatus, Service};
 
 /// How often an idle stream sends a comment, so proxies keep it open.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -32,6 +32,17 @@ pub(super) async fn run_events(
     LastEventId(after): LastEventId,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let entry = service.run(&run_id).await?;
+    let logged = entry.logged();
+    if entry.status() == RunStatus::Finished && after >= logged {
+        // A silent close would leave the client reconnecting for ever.
+        return Err(ApiError::new(
+            400,
+            "invalid_last_event_id",
+            format!(
+                "run \"{run_id}\" has finished and has {logged} events; Last-Event-ID {after} is at or past its end (its run_finished is event {logged})"
+            ),
+        ));
+    }
     Ok(Sse::new(run_stream(entry, after)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
 }
 

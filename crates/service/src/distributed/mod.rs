@@ -176,6 +176,20 @@ impl Distributed {
         match self.db.runs().submit(&new).await {
             Ok(SubmitOutcome::Queued) => {}
             Ok(SubmitOutcome::Duplicate(first)) => {
+                let same = retry(WRITE_RETRY, || {
+                    self.db
+                        .runs()
+                        .is_submission(&first, thread_id, &agent_id, &messages)
+                })
+                .await
+                .map_err(|e| unavailable(&e))?;
+                if !same {
+                    return Err(ServiceError::IdempotencyKeyReused {
+                        thread_id: thread_id.to_owned(),
+                        key: s.idempotency_key.clone().unwrap_or_default(),
+                        run_id: first,
+                    });
+                }
                 return Ok(Some(Submitted::Duplicate(self.entry(&first).await?)));
             }
             Ok(SubmitOutcome::Busy) => {
