@@ -81,7 +81,7 @@ async fn text_goes_to_one_writer_and_tool_calls_and_the_end_to_the_other() {
             r#"[tool] echo -> {"echo":{"city":"Paris"}}"#.to_owned(),
             "[tool] failing {}".to_owned(),
             "[tool] failing failed: error: disk on fire".to_owned(),
-            "[end] natural end · 3 rounds · 113 tokens in / 27 out".to_owned(),
+            "[end] natural_end · 3 rounds · 113 tokens in / 27 out".to_owned(),
         ]
     );
 }

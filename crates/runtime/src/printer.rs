@@ -41,7 +41,7 @@ const SHOWN_CHARS: usize = 160;
 /// [retry] attempt 2 in 500 ms: rate limited (429)
 /// [nudge] You are repeating yourself; …
 /// [auto] round 2 done (1200 tokens)
-/// [end] natural end · 2 rounds · 113 tokens in / 27 out
+/// [end] natural_end · 2 rounds · 113 tokens in / 27 out
 /// [end] stopped (max_rounds): … · 16 rounds · …
 /// [end] cancelled (interrupted by run-7) · 3 rounds   (no usage reported)
 /// ```
@@ -191,6 +191,8 @@ fn status_line(event: &AgentEvent) -> Option<String> {
                 (TerminationReason::Cancelled, Some(CancelCause::Shutdown)) => {
                     "cancelled (shutdown)".to_owned()
                 }
+                // The code, as in the run record (`natural_end`).
+                (TerminationReason::NaturalEnd, _) => "natural_end".to_owned(),
                 (other, _) => other.to_string(),
             };
             let rounds = format!("{steps} round{}", if *steps == 1 { "" } else { "s" });

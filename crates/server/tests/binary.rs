@@ -122,7 +122,7 @@ fn run_streams_the_answer_to_stdout_and_exits_by_termination() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("Hello from Rein."));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("[end] natural end"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("[end] natural_end ·"));
 
     let failing = file(
         "error",
@@ -339,4 +339,23 @@ fn serve_records_runs_and_replay_reports_where_each_condition_would_have_fired()
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn run_s_logs_are_plain_text_when_stderr_is_not_a_terminal() {
+    let out = rein()
+        .args(["run", "--config"])
+        .arg(examples().join("rein.yaml"))
+        .arg("Hello")
+        .env("RUST_LOG", "debug")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("DEBUG"), "some log line was written: {err}");
+    assert!(
+        !err.contains('\u{1b}'),
+        "colour codes in piped logs: {err:?}"
+    );
+    assert!(err.contains("[end] natural_end"), "{err}");
 }
