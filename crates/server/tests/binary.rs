@@ -359,3 +359,13 @@ fn run_s_logs_are_plain_text_when_stderr_is_not_a_terminal() {
     );
     assert!(err.contains("[end] natural_end"), "{err}");
 }
+
+#[test]
+fn the_local_model_example_never_points_at_the_port_rein_serve_takes_by_default() {
+    let local = std::fs::read_to_string(examples().join("rein-local.yaml")).unwrap();
+    assert!(local.contains("base_url:"), "{local}");
+    assert!(
+        !local.contains("127.0.0.1:8080/"),
+        "rein serve listens on 8080 by default: the model must not be there"
+    );
+}
