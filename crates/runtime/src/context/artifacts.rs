@@ -70,7 +70,8 @@ impl ArtifactStore for InMemoryArtifactStore {
 }
 
 /// Artifacts as files: `<dir>/<thread>/<id>.txt`, names hex-encoded where
-/// they hold anything but letters, digits, `-` and `_`.
+/// they hold anything but letters, digits, `-` and `_`, or start with `x`
+/// (the mark of an encoded name, so no two names share a file).
 #[derive(Debug, Clone)]
 pub struct DirArtifactStore {
     dir: PathBuf,
@@ -87,9 +88,12 @@ impl DirArtifactStore {
     }
 }
 
-/// `name` as a file name: kept if it is plain, else `x` + hex.
+/// `name` as a file name: kept if it is plain, else `x` + hex. A plain
+/// name never starts with `x`, so an encoded name and a plain one cannot
+/// be the same.
 fn file_name(name: &str) -> String {
     let plain = !name.is_empty()
+        && !name.starts_with('x')
         && name.len() <= 100
         && name
             .bytes()
@@ -157,6 +161,23 @@ mod tests {
         assert_eq!(file_name("call_1"), "call_1");
         assert_eq!(file_name("../x"), "x2e2e2f78");
         assert_eq!(file_name(""), "x");
+        assert_eq!(file_name("x1"), "x7831");
+    }
+
+    #[tokio::test]
+    async fn a_thread_named_like_another_s_encoding_keeps_its_own_artifacts() {
+        let dir = std::env::temp_dir().join(format!("rein-artifacts-x-{}", std::process::id()));
+        let store = DirArtifactStore::new(&dir);
+        // `a.b` is encoded as `x612e62`, a thread id of its own.
+        store.put("a.b", "call_1", "of a.b").await.unwrap();
+        assert_eq!(store.get("x612e62", "call_1").await.unwrap(), None);
+        store.put("x612e62", "call_1", "of x612e62").await.unwrap();
+        store.delete_thread("x612e62").await.unwrap();
+        assert_eq!(
+            store.get("a.b", "call_1").await.unwrap().as_deref(),
+            Some("of a.b")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]
