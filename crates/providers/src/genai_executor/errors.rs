@@ -263,6 +263,7 @@ pub(super) fn classify_error_event(body: &str) -> InferenceError {
 pub(super) fn snippet(text: &str) -> String {
     // Bound the work on huge bodies before collapsing whitespace.
     let head: String = text.chars().take(SNIPPET_CHARS * 4).collect();
+    let head = redact(&head);
     let collapsed = head.split_whitespace().collect::<Vec<_>>().join(" ");
     if collapsed.chars().count() > SNIPPET_CHARS {
         let mut cut: String = collapsed.chars().take(SNIPPET_CHARS - 1).collect();
@@ -273,6 +274,73 @@ pub(super) fn snippet(text: &str) -> String {
     }
 }
 
+/// The keys executors were configured with (see [`register_secret`]).
+static SECRETS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// What a redacted secret reads as.
+const REDACTED: &str = "[redacted]";
+
+/// Remembers a key an executor sends, so no provider body that echoes it
+/// is ever quoted (proxies and some servers echo the key in a 401).
+pub(super) fn register_secret(key: &str) {
+    if key.len() >= 8 {
+        let mut secrets = SECRETS.lock().unwrap_or_else(|e| e.into_inner());
+        if !secrets.iter().any(|s| s == key) {
+            secrets.push(key.to_owned());
+        }
+    }
+}
+
+/// Every secret to keep out of quoted bodies: the configured keys, and the
+/// values of environment variables named like keys (`*_KEY`, `*_TOKEN`,
+/// `*_SECRET`), where genai and deployment files take them from.
+fn secrets() -> Vec<String> {
+    let mut all = SECRETS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for (name, value) in std::env::vars() {
+        let name = name.to_ascii_uppercase();
+        if value.len() >= 8
+            && (name.ends_with("_KEY") || name.ends_with("_TOKEN") || name.ends_with("_SECRET"))
+        {
+            all.push(value);
+        }
+    }
+    all
+}
+
+/// `text` with every known secret, and every string that looks like a key
+/// or a bearer token, replaced by `[redacted]`.
+pub(super) fn redact(text: &str) -> String {
+    let mut out = text.to_owned();
+    for secret in secrets() {
+        if out.contains(&secret) {
+            out = out.replace(&secret, REDACTED);
+        }
+    }
+    let is_token_char =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '~' | '+' | '/' | '=');
+    let mut redacted = String::with_capacity(out.len());
+    let mut rest = out.as_str();
+    while let Some(start) = rest.find(is_token_char) {
+        let (before, from) = rest.split_at(start);
+        redacted.push_str(before);
+        let end = from.find(|c| !is_token_char(c)).unwrap_or(from.len());
+        let (token, after) = from.split_at(end);
+        let bearer = redacted.to_ascii_lowercase().trim_end().ends_with("bearer");
+        let key_like = token.len() >= 20
+            && ["sk-", "sk_", "pk-", "rk-", "ghp_", "xox", "AKIA", "eyJ"]
+                .iter()
+                .any(|p| token.starts_with(p));
+        if (bearer && token.len() >= 8) || key_like {
+            redacted.push_str(REDACTED);
+        } else {
+            redacted.push_str(token);
+        }
+        rest = after;
+    }
+    redacted.push_str(rest);
+    redacted
+}
+
 /// A duration in seconds for messages: `30`, `0.25`.
 pub(super) fn secs(duration: Duration) -> String {
     duration.as_secs_f64().to_string()
@@ -281,6 +349,18 @@ pub(super) fn secs(duration: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quoted_bodies_never_carry_a_configured_key_or_a_token() {
+        register_secret("local-secret-key-123");
+        let body = r#"{"error":"invalid key local-secret-key-123; sent Authorization: Bearer abc.def-ghi_123 and sk-live-0123456789abcdefABCDEF"}"#;
+        let quoted = snippet(body);
+        assert!(!quoted.contains("local-secret-key-123"), "{quoted}");
+        assert!(!quoted.contains("abc.def-ghi_123"), "{quoted}");
+        assert!(!quoted.contains("sk-live-0123456789"), "{quoted}");
+        assert!(quoted.contains("invalid key [redacted]"), "{quoted}");
+        assert_eq!(snippet("plain words stay"), "plain words stay");
+    }
     use genai::adapter::AdapterKind;
 
     #[test]

@@ -174,6 +174,9 @@ impl GenaiExecutor {
         let key = api_key
             .filter(|key| !key.is_empty())
             .unwrap_or_else(|| PLACEHOLDER_API_KEY.to_owned());
+        if key != PLACEHOLDER_API_KEY {
+            errors::register_secret(&key);
+        }
         let client = genai::Client::builder()
             .with_adapter_kind(AdapterKind::OpenAI)
             .append_provider_config(

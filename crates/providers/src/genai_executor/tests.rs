@@ -564,3 +564,28 @@ fn an_api_key_never_shows_in_debug_output() {
     let shown = format!("{executor:?} {executor:#?}");
     assert!(!shown.contains("sk-very-secret-key"), "{shown}");
 }
+
+#[tokio::test]
+async fn a_401_that_echoes_the_configured_key_never_quotes_it() {
+    let key = "my-deployment-key-0123456789";
+    let body = format!(r#"{{"error":{{"message":"Incorrect API key provided: {key}"}}}}"#);
+    let (base_url, _server) = serve_once(json_response("401 Unauthorized", &body)).await;
+    let executor = GenaiExecutor::openai_compatible(&base_url, Some(key.to_owned()))
+        .with_request_timeout(Duration::from_secs(10));
+    let request = InferenceRequest::new("local-model", vec![Message::user("hi")]);
+    let error = match executor.open(&request).await {
+        Ok(stream) => collect(stream)
+            .await
+            .into_iter()
+            .find_map(Result::err)
+            .unwrap(),
+        Err(error) => error,
+    };
+    assert_eq!(error.kind(), InferenceErrorKind::Unauthorized, "{error}");
+    assert!(!error.message().contains(key), "{}", error.message());
+    assert!(
+        error.message().contains("[redacted]"),
+        "{}",
+        error.message()
+    );
+}
