@@ -36,6 +36,10 @@ enum Command {
         /// directory, for `rein replay`.
         #[arg(long, value_name = "DIR")]
         record: Option<PathBuf>,
+        /// Serves a non-loopback address without `server.auth`: anyone who
+        /// can reach it may run the agents (and spend their keys).
+        #[arg(long)]
+        insecure_public: bool,
     },
     /// Evaluates an agent's stop conditions and detectors over recorded
     /// runs, offline: where each would have fired, and how often.
@@ -87,7 +91,13 @@ pub fn main() -> ExitCode {
             config,
             bind,
             record,
-        } => block_on(serve_command(&config, &bind, record.as_deref())),
+            insecure_public,
+        } => block_on(serve_command(
+            &config,
+            &bind,
+            record.as_deref(),
+            insecure_public,
+        )),
         Command::Replay {
             config,
             agent,
@@ -171,10 +181,26 @@ fn check(config: &Path) -> ExitCode {
     }
 }
 
-async fn serve_command(config: &Path, bind: &str, record: Option<&Path>) -> ExitCode {
-    let Some(deployment) = load(config, &mut std::io::stderr()) else {
+async fn serve_command(
+    config: &Path,
+    bind: &str,
+    record: Option<&Path>,
+    insecure_public: bool,
+) -> ExitCode {
+    let Some(mut deployment) = load(config, &mut std::io::stderr()) else {
         return ExitCode::FAILURE;
     };
+    deployment.server.insecure_public = insecure_public;
+    if let Err(e) = crate::http::guard::Guard::new(&deployment.server) {
+        eprintln!("rein: {e}");
+        return ExitCode::FAILURE;
+    }
+    if deployment.server.auth.is_none() && !insecure_public && !loopback_bind(bind) {
+        eprintln!(
+            "rein: refusing to serve {bind} without authentication: anyone who can reach it could run the agents and spend their keys; set server.auth (bearer tokens), bind 127.0.0.1, or pass --insecure-public"
+        );
+        return ExitCode::FAILURE;
+    }
     let assembled = match assemble::start(&deployment).await {
         Ok(a) => a,
         Err(e) => {
@@ -224,6 +250,17 @@ async fn serve_command(config: &Path, bind: &str, record: Option<&Path>) -> Exit
             eprintln!("rein: the server failed: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Whether `bind` (`HOST:PORT`) listens on loopback only.
+fn loopback_bind(bind: &str) -> bool {
+    match bind.parse::<std::net::SocketAddr>() {
+        Ok(addr) => addr.ip().is_loopback(),
+        // A host name: only `localhost` is known to be loopback.
+        Err(_) => bind
+            .rsplit_once(':')
+            .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost")),
     }
 }
 

@@ -64,8 +64,9 @@ pub async fn serve(
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    let server =
-        axum::serve(listener, http::router(service, &settings)).with_graceful_shutdown(signal);
+    let router = http::router(service, &settings)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let server = axum::serve(listener, router).with_graceful_shutdown(signal);
     tokio::select! {
         result = server => result,
         // Connections that stay open past the grace are dropped.

@@ -177,14 +177,14 @@ fn serve_prints_one_listening_line_and_sigterm_ends_runs_and_exits_zero() {
     let addr = url.trim_start_matches("http://").to_owned();
     let body = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
     let mut post = std::net::TcpStream::connect(&addr).unwrap();
-    write!(post, "POST /v1/threads/t/runs HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).unwrap();
+    write!(post, "POST /v1/threads/t/runs HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).unwrap();
     let mut answer = String::new();
     std::io::Read::read_to_string(&mut post, &mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
     let mut events = std::net::TcpStream::connect(&addr).unwrap();
     write!(
         events,
-        "GET /v1/runs/run-1/events HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        "GET /v1/runs/run-1/events HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n"
     )
     .unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -223,7 +223,7 @@ fn serve_records_runs_and_replay_reports_where_each_condition_would_have_fired()
     let addr = url.trim_start_matches("http://").to_owned();
     let wait = |thread: &str, body: &str| {
         let mut post = std::net::TcpStream::connect(&addr).unwrap();
-        write!(post, "POST /v1/threads/{thread}/runs?wait=true HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).unwrap();
+        write!(post, "POST /v1/threads/{thread}/runs?wait=true HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).unwrap();
         let mut answer = String::new();
         std::io::Read::read_to_string(&mut post, &mut answer).unwrap();
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");

@@ -37,9 +37,13 @@ use input::RunAgentInput;
 /// `POST /v1/ag-ui/{agent_id}`.
 pub(crate) async fn run(
     State(service): State<Service>,
+    scope: Option<axum::Extension<crate::http::guard::Scope>>,
     PathParams(agent_id): PathParams<String>,
     JsonBody(input): JsonBody<RunAgentInput>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    if let Some(axum::Extension(scope)) = &scope {
+        scope.check_agent(&agent_id)?;
+    }
     if service.runtime().agent_spec(Some(&agent_id)).is_none() {
         return Err(ApiError::new(
             404,

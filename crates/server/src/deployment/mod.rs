@@ -179,6 +179,35 @@ pub struct ServerSettings {
     /// With `store: postgres`: how long a process's ownership of a thread
     /// lasts without a heartbeat (default 10 s; renewed every third of it).
     pub lease_seconds: u64,
+    /// Who may call: bearer tokens from an environment variable (none:
+    /// every caller on the loopback interface may).
+    pub auth: Option<AuthSettings>,
+    /// Which browser origins may call (CORS); none by default.
+    pub cors: CorsSettings,
+    /// Set by `rein serve --insecure-public`: served on a public interface
+    /// without auth, any `Host` accepted. Not a key of the file.
+    #[serde(skip)]
+    pub insecure_public: bool,
+}
+
+/// `server: { auth: { tokens_env: REIN_API_TOKENS } }`: the variable holds
+/// comma-separated tokens, each optionally limited — `TOKEN` (everything),
+/// `TOKEN:read` (only reads), `TOKEN:agents=a|b` (only those agents' runs
+/// may be submitted).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    /// The environment variable with the tokens (never the tokens).
+    pub tokens_env: String,
+}
+
+/// `server: { cors: { origins: ["https://app.example"] } }`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CorsSettings {
+    /// Origins whose pages may call the API (exactly, scheme and host and
+    /// port), answered preflights included.
+    pub origins: Vec<String>,
 }
 
 impl Default for ServerSettings {
@@ -188,6 +217,9 @@ impl Default for ServerSettings {
             cancel_wait_ms: 5000,
             retention: Retention::default(),
             lease_seconds: 10,
+            auth: None,
+            cors: CorsSettings::default(),
+            insecure_public: false,
         }
     }
 }

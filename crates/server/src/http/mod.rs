@@ -7,6 +7,7 @@
 
 mod error;
 mod extract;
+pub(crate) mod guard;
 mod sse;
 
 pub use error::ApiError;
@@ -25,10 +26,20 @@ use crate::agui;
 use crate::service::{RunStatus, Service, Strategy, Submission, Submitted};
 use extract::{IdempotencyKey, Wait};
 
-/// The router of the whole API, AG-UI included.
-pub fn router(service: Service, settings: &crate::deployment::ServerSettings) -> Router {
+/// The router of the whole API, AG-UI included, behind the guard of
+/// `settings` (auth, origins, hosts, JSON bodies).
+///
+/// # Errors
+///
+/// The auth settings cannot be used (the tokens' variable is not set or
+/// holds a malformed token).
+pub fn router(
+    service: Service,
+    settings: &crate::deployment::ServerSettings,
+) -> Result<Router, String> {
     let limit = settings.body_limit_bytes;
-    Router::new()
+    let guard = std::sync::Arc::new(guard::Guard::new(settings)?);
+    Ok(Router::new()
         .route("/healthz", get(healthz))
         .route("/v1/agents", get(agents))
         .route("/v1/threads/{thread_id}/runs", post(submit))
@@ -47,7 +58,8 @@ pub fn router(service: Service, settings: &crate::deployment::ServerSettings) ->
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
-        .with_state(service)
+        .layer(axum::middleware::from_fn_with_state(guard, guard::check))
+        .with_state(service))
 }
 
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
@@ -123,6 +135,7 @@ struct Accepted<'a> {
 
 async fn submit(
     State(service): State<Service>,
+    scope: Option<axum::Extension<guard::Scope>>,
     PathParams(thread_id): PathParams<String>,
     Wait(wait): Wait,
     IdempotencyKey(header_key): IdempotencyKey,
@@ -148,6 +161,14 @@ async fn submit(
             "invalid_idempotency_key",
             "the idempotency key is empty",
         ));
+    }
+    if let Some(axum::Extension(scope)) = &scope {
+        let agent = service
+            .runtime()
+            .agent_spec(body.agent_id.as_deref())
+            .map(|spec| spec.id.clone())
+            .unwrap_or_default();
+        scope.check_agent(&agent)?;
     }
     let submission = Submission {
         agent_id: body.agent_id,
