@@ -369,3 +369,36 @@ fn the_local_model_example_never_points_at_the_port_rein_serve_takes_by_default(
         "rein serve listens on 8080 by default: the model must not be there"
     );
 }
+
+#[test]
+fn check_says_indentation_mistakes_and_negative_counts_in_words_once_positioned() {
+    let base = "providers:\n  p: { kind: scripted, responses: [\"x\"] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - id: a\n    model_id: m\n";
+    for (name, tail, expected) in [
+        (
+            "indent",
+            "   max_rounds: 3\n",
+            ":8:4: the indentation does not line up",
+        ),
+        (
+            "negative",
+            "    stop_conditions: [ { type: token_budget, max_total: -5 } ]\n",
+            "max_total`: must be ≥ 0 (a number of tokens), not -5",
+        ),
+    ] {
+        let path = file(name, &format!("{base}{tail}"));
+        let out = rein()
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(expected), "{name}: {text}");
+        assert!(!text.contains("while parsing"), "{name}: {text}");
+        assert!(!text.contains("invalid type"), "{name}: {text}");
+        assert!(
+            !text.contains("line 8 column"),
+            "{name}: the position once: {text}"
+        );
+    }
+}

@@ -167,12 +167,58 @@ impl ConfigError {
             }
             None => (text, None),
         };
-        let message = describe_path(&text, kinds);
+        let message = describe_path(&plain_words(&text), kinds);
         match position {
             Some((line, column)) => Self::at(message, line, column),
             None => Self::new(message),
         }
     }
+}
+
+/// Says in words what the YAML parser's own messages say in its terms:
+/// indentation mistakes, a `key: value` where none may stand, a tab, and a
+/// negative number where only counts are allowed. The position is the
+/// error's; a parser message names the block it was in by its own
+/// position, kept once, in words.
+fn plain_words(text: &str) -> String {
+    let (head, context) = match text.split_once(", while parsing ") {
+        Some((head, context)) => (head, Some(context)),
+        None => (text, None),
+    };
+    // `… at line 6 column 3` of the enclosing block.
+    let block = context.and_then(|c| {
+        let (_, at) = c.rsplit_once(" at line ")?;
+        let (line, column) = at.split_once(" column ")?;
+        Some(format!(
+            " (the block it should belong to starts at line {line}, column {column})"
+        ))
+    });
+    let block = block.unwrap_or_default();
+    let head = head.split(" at line ").next().unwrap_or(head).trim_end();
+    if head.starts_with("did not find expected key") {
+        return format!(
+            "the indentation does not line up: this line is indented differently from the keys of the mapping above it{block}; indent it with spaces like its siblings"
+        );
+    }
+    if head.starts_with("did not find expected '-' indicator") {
+        return format!(
+            "the indentation does not line up: a list's items must each start with `-` at the same column{block}; indent this line like the items before it, or start it with `-`"
+        );
+    }
+    if head.starts_with("mapping values are not allowed in this context") {
+        return "a `key: value` stands where a plain value was expected; indent it under a key, or quote the value if it contains `: `".to_owned();
+    }
+    if head.starts_with("found character that cannot start any token") {
+        return "a character that cannot start a value here (a tab? YAML indents with spaces only)"
+            .to_owned();
+    }
+    // `invalid type: integer `-5`, expected a number of tokens`
+    if let Some((path, rest)) = text.split_once("invalid type: integer `-")
+        && let Some((number, expected)) = rest.split_once("`, expected ")
+    {
+        return format!("{path}must be ≥ 0 ({expected}), not -{number}");
+    }
+    text.to_owned()
 }
 
 /// Rewrites serde_yaml's `.<path>: message` prefix into words.
