@@ -106,13 +106,15 @@ async fn a_loop_climbs_warn_nudge_deny_then_stop_and_denied_calls_never_run() {
     )
     .await;
     // Calls 1-2: a loop, warned. 3-4: nudged. 5 (right after the nudge):
-    // denied from now on, after it ran. 6: denied, not run. 7: stop.
+    // takes the first `deny`, after it ran. 6: refused by that deny (the
+    // model gets a denied result). 7: refused by the second `deny`. 8: stop.
     assert_eq!(result.termination.stop_code(), Some("tool_call_loop"));
-    assert_eq!(runs.load(Ordering::SeqCst), 5, "the denied call never ran");
+    assert_eq!(runs.load(Ordering::SeqCst), 5, "the denied calls never ran");
     assert_eq!(
         detections(&events),
         [
             ("tool_call_loop".to_owned(), "warn".to_owned()),
+            ("tool_call_loop".to_owned(), "deny".to_owned()),
             ("tool_call_loop".to_owned(), "deny".to_owned()),
             ("tool_call_loop".to_owned(), "deny".to_owned()),
         ]
@@ -132,7 +134,11 @@ async fn a_loop_climbs_warn_nudge_deny_then_stop_and_denied_calls_never_run() {
                     .starts_with("not run: Rein's `tool_call_loop` detector denied this call")
         })
         .collect();
-    assert_eq!(denied.len(), 1, "{history:#?}");
+    assert_eq!(
+        denied.len(),
+        2,
+        "{{ deny: 2 }} refuses two repetitions: {history:#?}"
+    );
 }
 
 #[tokio::test]
@@ -406,7 +412,8 @@ async fn a_failing_call_repeated_is_denied_by_the_error_loop_ladder() {
         );
     let model = calling("failing", 10, |_| json!({"path": "/etc/shadow"}));
     let (result, events, history) = run(model, spec, &[("failing", Arc::new(Failing))]).await;
-    // Calls 1-2 fail: a loop, denied from now on. 3: denied, not run. 4: stop.
+    // Calls 1-2 fail: a loop; the first `deny`. 3: refused by it. 4: refused
+    // by the second `deny`. 5: stop.
     assert_eq!(result.termination.stop_code(), Some("tool_error_loop"));
     let denied = history
         .iter()
@@ -416,10 +423,11 @@ async fn a_failing_call_repeated_is_denied_by_the_error_loop_ladder() {
                     .starts_with("not run: Rein's `tool_error_loop` detector denied this call")
         })
         .count();
-    assert_eq!(denied, 1, "{history:#?}");
+    assert_eq!(denied, 2, "{history:#?}");
     assert_eq!(
         detections(&events),
         [
+            ("tool_error_loop".to_owned(), "deny".to_owned()),
             ("tool_error_loop".to_owned(), "deny".to_owned()),
             ("tool_error_loop".to_owned(), "deny".to_owned()),
         ]
@@ -478,4 +486,33 @@ async fn chanting_with_a_warning_ladder_is_reported_and_the_answer_stands() {
         "{found:?}"
     );
     assert_eq!(result.response, chant, "a warning cuts nothing");
+}
+
+#[tokio::test]
+async fn a_single_deny_step_refuses_the_next_repetition_before_the_ladder_stops() {
+    use EscalationAction::{Deny, Nudge, Stop, Warn};
+    let runs = Arc::new(AtomicUsize::new(0));
+    // The ladder: the repetition that takes `deny` has already run;
+    // the model must still receive a denial before `stop`.
+    let spec = spec().with_stop_condition(loop_of(2)).with_escalation(
+        "tool_call_loop",
+        ladder(&[(Warn, 2), (Nudge, 1), (Deny, 1), (Stop, 1)]),
+    );
+    let model = calling("search", 20, |_| json!({"q": "rust"}));
+    let (result, _, history) = run(
+        model,
+        spec,
+        &[("search", Arc::new(Same("search", runs.clone())))],
+    )
+    .await;
+    assert_eq!(result.termination.stop_code(), Some("tool_call_loop"));
+    let denied = history
+        .iter()
+        .filter(|m| {
+            m.role == Role::Tool
+                && m.content
+                    .starts_with("not run: Rein's `tool_call_loop` detector denied this call")
+        })
+        .count();
+    assert_eq!(denied, 1, "the model received one denial: {history:#?}");
 }

@@ -18,7 +18,8 @@
 //! The first detection takes the first step, and each step is taken `count`
 //! times (1 when not given) before the next; the last step repeats. So
 //! `[warn, nudge, { deny: 2 }, stop]` warns on the first detection, nudges
-//! on the second, denies the repeated call twice, and stops on the fifth.
+//! on the second, takes `deny` on the third and fourth (each refusing the
+//! next repetition; the one that takes it has run), and stops on the fifth.
 //! `on_detect: stop` is the ladder `[stop]`, `nudge_then_stop` is
 //! `[nudge, stop]`; a ladder without `stop` never ends the run (a detector
 //! can be measured with `[warn]` before it is trusted to stop anything).

@@ -157,10 +157,18 @@ impl ToolDetector {
 
 /// The calls a tool-call detector refuses after a `deny` step, by their
 /// name-and-arguments key, with the detection that denied them.
+///
+/// The detection that takes a `deny` step has already run its calls, so
+/// the step **arms** one denial: the next repetition is refused without
+/// climbing the ladder, and the model gets a denied result to change
+/// course on. Later repetitions climb it (another `deny` refuses that
+/// repetition; a step past `deny` lifts the denial).
 #[derive(Debug, Default)]
 pub(crate) struct Denied {
     keys: Vec<u64>,
     code: &'static str,
+    /// Repetitions refused before the ladder moves on.
+    armed: u32,
 }
 
 impl Denied {
@@ -168,6 +176,7 @@ impl Denied {
         self.code = code;
         self.keys.clear();
         self.keys.extend(keys);
+        self.armed = 1;
     }
 
     fn is_empty(&self) -> bool {
@@ -185,6 +194,13 @@ impl Denied {
     ) -> Option<Verdict> {
         if !self.keys.contains(&plain) {
             return None;
+        }
+        if self.armed > 0 {
+            self.armed -= 1;
+            return Some(Verdict::Deny(StoppedReason::new(
+                self.code,
+                format!("the tool call {name} repeats a call denied for repeating; it did not run"),
+            )));
         }
         let detail = format!(
             "the tool call {name} was made again after it was denied for repeating; it did not run"
