@@ -113,7 +113,16 @@ fn without_auth_a_foreign_page_a_rebinding_host_and_a_form_post_are_refused() {
         "",
     );
     assert_eq!((status, code(&body)), (403, "origin_not_allowed".into()));
-    // Nothing of it ran; a plain local client still can.
+    // A page the service serves itself (same origin) may call.
+    let (status, _, body) = serve.send(
+        &format!(
+            "POST /v1/threads/same/runs HTTP/1.1\r\nhost: {}\r\norigin: http://{}\r\ncontent-type: application/json",
+            serve.addr, serve.addr
+        ),
+        SUBMIT,
+    );
+    assert_eq!(status, 202, "{body}");
+    // Nothing of the refused ones ran; a plain local client still can.
     let (status, _, body) =
         serve.send("GET /v1/threads/t/messages HTTP/1.1\r\nhost: 127.0.0.1", "");
     assert_eq!((status, body.as_str()), (200, "[]"));

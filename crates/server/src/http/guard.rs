@@ -92,12 +92,21 @@ impl Guard {
         self.tokens.is_some()
     }
 
+    /// The request's origin if it may call (listed, or the service's own
+    /// origin: a page it serves itself); `Err` if it may not.
     fn allowed_origin<'a>(&self, headers: &'a HeaderMap) -> Result<Option<&'a HeaderValue>, ()> {
         match headers.get(header::ORIGIN) {
             None => Ok(None),
             Some(origin) => {
                 let text = origin.to_str().map_err(|_| ())?;
-                if self.origins.iter().any(|o| o == text) {
+                let host = headers
+                    .get(header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .unwrap_or_default();
+                let same = !host.is_empty()
+                    && (text.strip_prefix("http://") == Some(host)
+                        || text.strip_prefix("https://") == Some(host));
+                if same || self.origins.iter().any(|o| o == text) {
                     Ok(Some(origin))
                 } else {
                     Err(())
