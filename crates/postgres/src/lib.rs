@@ -44,6 +44,7 @@ mod leases;
 mod listing;
 mod notify;
 mod nul;
+mod retry;
 mod runs;
 mod store;
 
@@ -52,10 +53,8 @@ pub use database::Database;
 pub use leases::Leases;
 pub use listing::RunSpan;
 pub use notify::{Listener, Notification};
-pub use runs::{
-    Claimed, NewRun, ORPHAN_GRACE, PgRuns, StoredEvent, StoredRun, SubmitOutcome, is_transient,
-    retry,
-};
+pub use retry::{is_transient, retry};
+pub use runs::{Claimed, NewRun, ORPHAN_GRACE, PgRuns, StoredEvent, StoredRun, SubmitOutcome};
 pub use store::{LOST_WORKER_NOTE, PgThreadStore, WRITE_RETRY};
 
 #[doc(no_inline)]
