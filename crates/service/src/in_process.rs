@@ -128,18 +128,17 @@ impl InProcess {
     ) -> Result<Submitted, ServiceError> {
         let _serial = lane.submit.lock().await;
         let core = &self.core;
-        let agent = core
-            .runtime
-            .agent_spec(s.agent_id.as_deref())
-            .map(|spec| spec.id.clone())
-            .unwrap_or_default();
-        let fingerprint = s.fingerprint(&agent);
+        // Only a keyed submission is compared with a later one.
+        let fingerprint = s.idempotency_key.as_ref().map(|_| {
+            let agent = core.runtime.agent_spec(s.agent_id.as_deref());
+            s.fingerprint(agent.map_or("", |spec| spec.id.as_str()))
+        });
         if let Some(key) = &s.idempotency_key {
             let known = lane.state().keys.get(key).cloned();
             if let Some((run_id, first)) = known
                 && let Some(entry) = core.records.get(&run_id)
             {
-                if first != fingerprint {
+                if Some(first) != fingerprint {
                     return Err(ServiceError::IdempotencyKeyReused {
                         thread_id: thread_id.to_owned(),
                         key: key.clone(),
@@ -208,7 +207,7 @@ impl InProcess {
             }
         }
         let mut state = lane.state();
-        if let Some(key) = s.idempotency_key {
+        if let (Some(key), Some(fingerprint)) = (s.idempotency_key, fingerprint) {
             state.keys.insert(key, (run_id, fingerprint));
         }
         state.message_ids.extend(new_ids);

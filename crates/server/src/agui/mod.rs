@@ -95,7 +95,9 @@ fn stream(
         let service = service.clone();
         let thread_id = thread_id.clone();
         async move {
-            if let Err(error) = service.remember_message_ids(&thread_id, ids).await {
+            if !ids.is_empty()
+                && let Err(error) = service.remember_message_ids(&thread_id, ids).await
+            {
                 tracing::warn!(%error, thread_id, "could not record the AG-UI message ids");
             }
             futures::stream::iter(out)
