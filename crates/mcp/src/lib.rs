@@ -23,7 +23,14 @@
 //! - **Shutdown.** [`McpServer::shutdown`] closes the server's stdin, gives
 //!   it [`McpOptions::cancel_wait`] to exit, then kills its whole process
 //!   group. Dropping an `McpServer` kills the group at once: no child
-//!   process outlives it.
+//!   process outlives it. A watchdog beside each stdio server ends the
+//!   group when Rein dies, even by `kill -9`, so the server's own children
+//!   are not orphaned either.
+//!
+//! - **Size.** A stdio server's message over
+//!   [`McpOptions::max_result_bytes`] is never held whole: a result over
+//!   it answers its call at once with "result too large (N bytes …)",
+//!   recorded `may_have_completed` (the tool ran).
 //!
 //! Results: text content is the tool's output; structured content comes
 //! with it as JSON; other content (images, audio, resources) is described
@@ -31,7 +38,9 @@
 //! tool result the model sees.
 
 mod content;
+mod lifeline;
 mod server;
+mod stdout;
 mod tool;
 
 use std::collections::BTreeMap;
@@ -84,6 +93,11 @@ pub struct McpOptions {
     pub restart_backoff: Duration,
     /// The longest wait between restarts (default 30 s).
     pub restart_backoff_cap: Duration,
+    /// The largest message a stdio server may send, in bytes (default
+    /// 1 MiB). A tool result over it is discarded unread and answered at
+    /// once as "result too large (N bytes …)", recorded
+    /// `may_have_completed`: one result never holds more memory than this.
+    pub max_result_bytes: usize,
 }
 
 impl Default for McpOptions {
@@ -94,6 +108,7 @@ impl Default for McpOptions {
             cancel_wait: Duration::from_secs(5),
             restart_backoff: Duration::from_millis(500),
             restart_backoff_cap: Duration::from_secs(30),
+            max_result_bytes: 1024 * 1024,
         }
     }
 }

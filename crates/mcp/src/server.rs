@@ -4,12 +4,14 @@
 //! **Invariant:** a stdio server's child process is owned by the server's
 //! state from spawn to exit: shutdown waits for it and then kills its
 //! process group; a dead connection kills it; dropping the `McpServer`
-//! kills it. No path leaves it running.
+//! kills it. No path leaves it running — and if Rein itself is killed,
+//! the [lifeline](crate::lifeline) ends the group.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use process_wrap::tokio::{ChildWrapper, CommandWrap, ProcessGroup};
+use rein_runtime_contract::lifecycle::ToolCallStatus;
 use rein_runtime_contract::tool::{Tool, ToolDescriptor, ToolError, ToolOutput};
 use rmcp::model::{CallToolRequestParams, CallToolResponse};
 use rmcp::service::{Peer, RunningService, ServiceExt};
@@ -20,6 +22,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::lifeline::Lifeline;
+use crate::stdout::{Stdout, TOO_LARGE_CODE};
 use crate::tool::McpTool;
 use crate::{McpError, McpOptions, McpTransport, content, rein_name};
 
@@ -47,7 +51,7 @@ impl std::fmt::Debug for McpServer {
 }
 
 enum State {
-    Up(Connection),
+    Up(Box<Connection>),
     /// Dead or failed to start: the next use starts it again, not before
     /// `retry_at`.
     Down {
@@ -72,6 +76,8 @@ struct Connection {
     generation: u64,
     client: RunningService<RoleClient, ()>,
     child: Option<Box<dyn ChildWrapper>>,
+    /// Ends the child's process group if Rein dies without doing it.
+    _lifeline: Option<Lifeline>,
     /// Cancelled when a stdio server's stdout ends (it exited): calls in
     /// flight end at once instead of when the SDK notices.
     closed: CancellationToken,
@@ -143,7 +149,7 @@ impl McpServer {
                 })
             })
             .collect();
-        server.state = tokio::sync::Mutex::new(State::Up(connection));
+        server.state = tokio::sync::Mutex::new(State::Up(Box::new(connection)));
         Ok(Arc::new(server))
     }
 
@@ -222,7 +228,7 @@ impl McpServer {
         };
         let Connection {
             client, mut child, ..
-        } = connection;
+        } = *connection;
         // Ends the client's task; its transport (the child's stdin) closes.
         let _ = client.cancel().await;
         if let Some(child) = child.as_mut() {
@@ -261,6 +267,13 @@ impl McpServer {
                 let mut child = wrap
                     .spawn()
                     .map_err(|e| format!("cannot run `{command}`: {e}"))?;
+                let lifeline = child.id().and_then(|group| match Lifeline::start(group) {
+                    Ok(lifeline) => Some(lifeline),
+                    Err(e) => {
+                        tracing::warn!(server = %self.id, "no lifeline for the MCP server (`sh` failed: {e}); if Rein is killed, its children may outlive it");
+                        None
+                    }
+                });
                 let (Some(stdout), Some(stdin)) = (child.stdout().take(), child.stdin().take())
                 else {
                     let _ = child.start_kill();
@@ -276,15 +289,18 @@ impl McpServer {
                     });
                 }
                 let closed = CancellationToken::new();
-                let stdout = EofSignal {
-                    inner: stdout,
-                    closed: closed.clone(),
-                };
+                let stdout = Stdout::new(
+                    stdout,
+                    closed.clone(),
+                    &self.id,
+                    self.options.max_result_bytes,
+                );
                 match tokio::time::timeout(timeout, ().serve((stdout, stdin))).await {
                     Ok(Ok(client)) => Ok(Connection {
                         generation,
                         client,
                         child: Some(child),
+                        _lifeline: lifeline,
                         closed,
                     }),
                     Ok(Err(e)) => {
@@ -304,6 +320,7 @@ impl McpServer {
                         generation,
                         client,
                         child: None,
+                        _lifeline: None,
                         closed: CancellationToken::new(),
                     }),
                     Ok(Err(e)) => Err(format!("the MCP handshake with {url} failed: {e}")),
@@ -349,7 +366,7 @@ impl McpServer {
                     connection.client.peer().clone(),
                     connection.closed.clone(),
                 );
-                *state = State::Up(connection);
+                *state = State::Up(Box::new(connection));
                 Ok(peer)
             }
             Err(reason) => {
@@ -382,8 +399,21 @@ impl McpServer {
     }
 
     /// Calls one of the server's tools. Dropping the future sends the
-    /// server `notifications/cancelled` for the request.
-    pub(crate) async fn call(&self, tool: &str, args: Value) -> Result<ToolOutput, ToolError> {
+    /// server `notifications/cancelled` for the request. A failure whose
+    /// outcome is uncertain (no answer in time, the server exited, a
+    /// result too large) carries the status `read_only` implies, or
+    /// `may_have_completed` for a result that came back too large.
+    pub(crate) async fn call(
+        &self,
+        tool: &str,
+        args: Value,
+        read_only: bool,
+    ) -> Result<ToolOutput, ToolError> {
+        let uncertain = if read_only {
+            ToolCallStatus::Interrupted
+        } else {
+            ToolCallStatus::MayHaveCompleted
+        };
         let (generation, peer, closed) = self.peer().await.map_err(ToolError::new)?;
         let mut params = CallToolRequestParams::new(tool.to_owned());
         match args {
@@ -401,9 +431,9 @@ impl McpServer {
             _ = closed.cancelled() => {
                 self.lost(generation, "it exited".to_owned()).await;
                 return Err(ToolError::new(format!(
-                    "MCP server \"{}\" exited during tool \"{tool}\"; the call may or may not have had its effect; the server restarts on next use",
+                    "MCP server \"{}\" exited during tool \"{tool}\"; the server restarts on next use",
                     self.id
-                )));
+                )).with_status(uncertain));
             }
         };
         match answer {
@@ -412,7 +442,15 @@ impl McpServer {
                 "MCP server \"{}\" did not answer tool \"{tool}\" within {} s; the call was cancelled",
                 self.id,
                 limit.as_secs_f64()
-            ))),
+            ))
+            .with_status(uncertain)),
+            Ok(Err(ServiceError::McpError(e))) if e.code.0 == TOO_LARGE_CODE => {
+                Err(ToolError::new(format!(
+                    "MCP server \"{}\" answered tool \"{tool}\" with a {}; it was discarded unread",
+                    self.id, e.message
+                ))
+                .with_status(ToolCallStatus::MayHaveCompleted))
+            }
             Ok(Err(e)) => {
                 if matches!(
                     e,
@@ -433,7 +471,16 @@ impl McpServer {
                         self.id
                     ))
                 })?;
-                content::to_output(&json)
+                let output = content::to_output(&json)?;
+                let bytes = output.to_content().len();
+                if bytes > self.options.max_result_bytes {
+                    return Err(ToolError::new(format!(
+                        "MCP server \"{}\" answered tool \"{tool}\" with a result too large ({bytes} bytes; the limit is {} bytes); it was discarded unread",
+                        self.id, self.options.max_result_bytes
+                    ))
+                    .with_status(ToolCallStatus::MayHaveCompleted));
+                }
+                Ok(output)
             }
             Ok(Ok(_)) => Err(ToolError::new(format!(
                 "MCP server \"{}\" asked for more input or started a task for tool \"{tool}\", which Rein does not support",
@@ -474,31 +521,5 @@ impl Drop for McpServer {
         {
             connection.kill();
         }
-    }
-}
-
-/// A stdio server's stdout that cancels `closed` when it ends or fails.
-struct EofSignal<R> {
-    inner: R,
-    closed: CancellationToken,
-}
-
-impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EofSignal<R> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let asked = buf.remaining() > 0;
-        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
-        match &polled {
-            std::task::Poll::Ready(Ok(())) if asked && buf.filled().len() == before => {
-                self.closed.cancel();
-            }
-            std::task::Poll::Ready(Err(_)) => self.closed.cancel(),
-            _ => {}
-        }
-        polled
     }
 }

@@ -57,6 +57,6 @@ impl Tool for McpTool {
         args: serde_json::Value,
         _ctx: &ToolContext,
     ) -> Result<ToolOutput, ToolError> {
-        self.server.call(&self.name, args).await
+        self.server.call(&self.name, args, self.read_only).await
     }
 }

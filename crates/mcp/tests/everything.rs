@@ -393,3 +393,93 @@ async fn the_server_receives_the_cancellation_of_a_dropped_call() {
     gone(pid).await;
     let _ = std::fs::remove_file(&log);
 }
+
+#[tokio::test]
+async fn an_eight_megabyte_result_is_answered_as_too_large_recorded_may_have_completed_and_not_kept()
+ {
+    use rein::contract::lifecycle::ToolCallStatus;
+    use rein::prelude::*;
+    let Some(entry) = everything() else { return };
+    // A timeout far longer than any test: the answer must not wait for it.
+    let options = McpOptions {
+        tool_timeout: Duration::from_secs(600),
+        ..McpOptions::default()
+    };
+    let (server, pid) = start(&entry, options).await;
+    // The reference server reads at most about 10 MB per message, so its
+    // echo answers at most that much; the framing is the same for any size
+    // (a 20 MB line is covered by the unit tests of `stdout`).
+    let big = "x".repeat(8 * 1024 * 1024);
+    let model = ScriptedExecutor::new(vec![
+        ScriptedResponse::tool_call("everything__echo", json!({ "message": big })),
+        ScriptedResponse::tool_call("everything__echo", json!({"message": "small"})),
+        ScriptedResponse::text("done"),
+    ]);
+    let runtime = AgentRuntimeBuilder::new()
+        .with_agent_spec(AgentSpec::new("a").with_model_id("m"))
+        .with_model(ModelSpec::new("m", "p", "x"))
+        .with_provider("p", Arc::new(model))
+        .with_tools(server.tools())
+        .build()
+        .unwrap();
+    let result = runtime
+        .run_to_completion(RunRequest::new("t", vec![Message::user("go")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        result.termination,
+        TerminationReason::NaturalEnd,
+        "{result:?}"
+    );
+    let history = runtime.thread_messages("t").await;
+    let tools: Vec<&Message> = history.iter().filter(|m| m.role == Role::Tool).collect();
+    assert_eq!(tools.len(), 2, "{history:#?}");
+    let refused = &tools[0];
+    assert!(
+        refused.content.contains("result too large (")
+            && refused
+                .content
+                .contains("bytes; the limit is 1048576 bytes"),
+        "{}",
+        &refused.content[..refused.content.len().min(500)]
+    );
+    assert!(refused.content.len() < 1000, "the result was not kept");
+    assert_eq!(refused.tool_status, Some(ToolCallStatus::MayHaveCompleted));
+    // The connection is intact: the next call is answered.
+    assert_eq!(tools[1].content, "Echo: small");
+    assert_eq!(tools[1].tool_status, None);
+    server.shutdown().await;
+    gone(pid).await;
+}
+
+#[tokio::test]
+async fn a_result_over_the_configured_limit_is_refused_and_one_within_it_passes() {
+    let Some(entry) = everything() else { return };
+    let options = McpOptions {
+        max_result_bytes: 100_000,
+        ..McpOptions::default()
+    };
+    let (server, pid) = start(&entry, options).await;
+    let echo = tool(&server, "echo");
+    let within = echo
+        .execute(json!({"message": "a".repeat(50_000)}), &ctx())
+        .await
+        .unwrap();
+    assert_eq!(within.to_content().len(), "Echo: ".len() + 50_000);
+    let over = echo
+        .execute(json!({"message": "b".repeat(200_000)}), &ctx())
+        .await
+        .unwrap_err();
+    assert!(
+        over.message().contains("result too large (")
+            && over.message().contains("the limit is 100000 bytes")
+            && over.message().contains("MCP server \"everything\""),
+        "{over}"
+    );
+    assert_eq!(
+        over.status(),
+        Some(rein::contract::lifecycle::ToolCallStatus::MayHaveCompleted)
+    );
+    server.shutdown().await;
+    gone(pid).await;
+}

@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::CancellationToken;
+use crate::lifecycle::ToolCallStatus;
 
 /// What the model is told about a tool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -100,10 +101,17 @@ impl ToolOutput {
 }
 
 /// A tool's failure; its message is shown to the model as an error result.
+///
+/// A failure whose outcome is uncertain — the tool may have had its
+/// effect although no result came back (a timeout, a server that exited,
+/// a result too large to read) — carries a [`ToolCallStatus`]: the call
+/// is then recorded like a call the run's cancel stopped, in the stop
+/// report and in the tool message's `tool_status`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ToolError {
     message: String,
+    status: Option<ToolCallStatus>,
 }
 
 impl ToolError {
@@ -111,12 +119,27 @@ impl ToolError {
     pub fn new(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
+            status: None,
         }
+    }
+
+    /// The same error, recorded with `status` (e.g.
+    /// [`ToolCallStatus::MayHaveCompleted`] when the call may have had its
+    /// effect).
+    #[must_use]
+    pub fn with_status(mut self, status: ToolCallStatus) -> Self {
+        self.status = Some(status);
+        self
     }
 
     /// The message.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// What became of the call, when its outcome is uncertain.
+    pub fn status(&self) -> Option<ToolCallStatus> {
+        self.status
     }
 }
 

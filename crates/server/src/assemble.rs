@@ -217,6 +217,7 @@ async fn start_mcp(
         let options = McpOptions {
             cancel_wait: Duration::from_millis(deployment.server.cancel_wait_ms),
             tool_timeout: Duration::from_secs(config.tool_timeout_seconds),
+            max_result_bytes: config.max_result_bytes,
             ..McpOptions::default()
         };
         McpServer::start((*id).clone(), transport(config), options)

@@ -169,7 +169,12 @@ fn serve_with_an_mcp_server_leaves_no_child_process_after_sigterm() {
         .unwrap();
     assert!(line.starts_with("listening on "), "{line}");
     let servers = children(child.id());
-    assert_eq!(servers.len(), 1, "one MCP server process: {servers:?}");
+    let lifelines = servers.iter().filter(|pid| is_lifeline(**pid)).count();
+    assert_eq!(
+        (servers.len(), lifelines),
+        (2, 1),
+        "one MCP server process and its lifeline: {servers:?}"
+    );
     let status = Command::new("kill")
         .args(["-s", "TERM", &child.id().to_string()])
         .status()
@@ -177,16 +182,88 @@ fn serve_with_an_mcp_server_leaves_no_child_process_after_sigterm() {
     assert!(status.success());
     assert_eq!(child.wait().unwrap().code(), Some(0));
     let start = Instant::now();
-    while servers
-        .iter()
-        .any(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists() && !zombie(*pid))
-    {
+    while servers.iter().any(|pid| alive(*pid)) {
         assert!(
             start.elapsed() < Duration::from_secs(5),
             "the MCP server outlived rein serve"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Whether `pid` is an MCP server's lifeline watchdog.
+fn is_lifeline(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| String::from_utf8_lossy(&c).contains("rein-mcp-lifeline"))
+}
+
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists() && !zombie(pid)
+}
+
+#[test]
+fn after_kill_9_of_rein_serve_not_even_the_mcp_server_s_own_child_is_left() {
+    let Some(entry) = everything() else { return };
+    let dir = std::env::temp_dir().join(format!("rein-mcp-kill9-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pidfile = dir.join("grandchild.pid");
+    let _ = std::fs::remove_file(&pidfile);
+    // The MCP server starts a child of its own (a `sleep`), then becomes
+    // the reference server.
+    let script = format!(
+        "sleep 300 & echo $! > {}; exec node {entry} stdio",
+        pidfile.display()
+    );
+    let yaml = format!(
+        r#"
+providers:
+  offline: {{ kind: scripted, responses: ["hi"] }}
+models:
+  demo: {{ provider: offline, model: script }}
+mcp_servers:
+  everything: {{ command: sh, args: ["-c", {script:?}] }}
+agents:
+  - {{ id: assistant, model_id: demo, tools: [everything__echo] }}
+"#
+    );
+    let path = dir.join("rein.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["serve", "--bind", "127.0.0.1:0", "--config"])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .next()
+        .unwrap()
+        .unwrap();
+    assert!(line.starts_with("listening on "), "{line}");
+    let server: Vec<u32> = children(child.id())
+        .into_iter()
+        .filter(|pid| !is_lifeline(*pid))
+        .collect();
+    assert_eq!(server.len(), 1, "{server:?}");
+    let grandchild: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(alive(grandchild));
+    child.kill().unwrap(); // SIGKILL, by PID
+    child.wait().unwrap();
+    let start = Instant::now();
+    while alive(grandchild) || alive(server[0]) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "a process the MCP server started outlived rein serve's kill -9 (server {}, its child {grandchild})",
+            server[0]
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

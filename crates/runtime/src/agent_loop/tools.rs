@@ -86,9 +86,17 @@ impl Run {
                 };
                 return (result, Some(status));
             };
+            let mut status = None;
             let (content, error_type) = match outcome {
                 Ok(Ok(output)) => (output.to_content(), None),
-                Ok(Err(error)) => (format!("error: {error}"), Some("tool_error")),
+                Ok(Err(error)) => {
+                    status = error.status();
+                    let content = match status {
+                        Some(s) => format!("error: {error} — {s}: {}", s.explanation()),
+                        None => format!("error: {error}"),
+                    };
+                    (content, Some("tool_error"))
+                }
                 Err(payload) => (
                     format!(
                         "error: tool \"{name}\" panicked: {}",
@@ -105,7 +113,7 @@ impl Run {
                 content,
                 is_error,
             };
-            (result, None)
+            (result, status)
         }
         .instrument(span)
     }
@@ -303,7 +311,8 @@ impl Run {
     }
 }
 
-/// A call's result, and its status when its token stopped it.
+/// A call's result, and its status when its token stopped it or its tool
+/// failed with an uncertain outcome.
 type CallOutcome = (ToolResult, Option<ToolCallStatus>);
 
 /// How a call stopped before it finished is recorded: `interrupted` for a
@@ -345,7 +354,8 @@ impl Run {
         }
     }
 
-    /// Records a call its token stopped (`status` is `Some` then).
+    /// Records a call that did not complete normally: its token stopped it,
+    /// or its tool failed with an uncertain outcome (`status` is `Some`).
     fn record_stopped(&mut self, result: &ToolResult, status: Option<ToolCallStatus>) {
         if let Some(status) = status {
             self.incomplete.push(IncompleteToolCall::new(

@@ -121,10 +121,18 @@ pub struct McpServerConfig {
     /// the call is cancelled and its result says so.
     #[serde(default = "default_tool_timeout")]
     pub tool_timeout_seconds: u64,
+    /// The largest result one of its tool calls may return, in bytes
+    /// (default 1 MiB); a larger one is answered "result too large".
+    #[serde(default = "default_max_result_bytes")]
+    pub max_result_bytes: usize,
 }
 
 fn default_tool_timeout() -> u64 {
     60
+}
+
+fn default_max_result_bytes() -> usize {
+    rein_mcp::McpOptions::default().max_result_bytes
 }
 
 /// An agent: its spec, and the tools it lists by name.
