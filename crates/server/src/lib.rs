@@ -28,7 +28,6 @@ mod replay;
 pub use rein_service as service;
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use service::Service;
@@ -38,38 +37,35 @@ const CONNECTION_GRACE: Duration = Duration::from_secs(2);
 
 /// Serves the API on `listener` until `shutdown` completes; then shuts
 /// the service down (queued runs end, active runs are cancelled with cause
-/// `shutdown` and awaited within the cancel-wait bound, live tails end) and
-/// gives open connections a short grace to finish.
+/// `shutdown` and awaited within the cancel-wait bound, live tails end),
+/// stops accepting, and gives open connections a short grace to finish
+/// before dropping them. Connections are capped and timed as
+/// `settings.connections` says (see `http::listen`).
 ///
 /// # Errors
 ///
-/// The listener's I/O error.
+/// The router cannot be built from `settings` (`InvalidInput`: the auth
+/// tokens' variable).
+///
+/// # Cancel safety
+///
+/// Dropping the future drops every open connection at once and does not
+/// shut the service down; await `shutdown` instead to stop cleanly.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     service: Service,
     settings: deployment::ServerSettings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let fired = Arc::new(tokio::sync::Notify::new());
-    let signal = {
-        let (service, fired) = (service.clone(), fired.clone());
-        async move {
-            shutdown.await;
-            service.shutdown().await;
-            fired.notify_one();
-        }
-    };
     let grace = Duration::from_millis(service.settings().cancel_wait_ms) + CONNECTION_GRACE;
-    // No Nagle delay: SSE events and small answers go out at once.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let router = http::router(service, &settings)
+    let router = http::router(service.clone(), &settings)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let server = axum::serve(listener, router).with_graceful_shutdown(signal);
-    tokio::select! {
-        result = server => result,
-        // Connections that stay open past the grace are dropped.
-        _ = async { fired.notified().await; tokio::time::sleep(grace).await } => Ok(()),
-    }
+    let limits = http::listen::Limits::new(&settings.connections);
+    // Accepting stops only once the service has shut down, so a client
+    // arriving meanwhile is still answered (`shutting_down`).
+    let stop = async move {
+        shutdown.await;
+        service.shutdown().await;
+    };
+    http::listen::serve(listener, router, limits, stop, grace).await
 }

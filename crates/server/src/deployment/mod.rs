@@ -192,6 +192,9 @@ pub struct ServerSettings {
     pub auth: Option<AuthSettings>,
     /// Which browser origins may call (CORS); none by default.
     pub cors: CorsSettings,
+    /// How many connections may be open and how long a client may take
+    /// (`server.connections`).
+    pub connections: ConnectionSettings,
     /// Set by `rein serve --insecure-public`: served on a public interface
     /// without auth, any `Host` accepted. Not a key of the file.
     #[serde(skip)]
@@ -218,6 +221,52 @@ pub struct CorsSettings {
     pub origins: Vec<String>,
 }
 
+/// `server: { connections: { max: 1024, idle_timeout_ms: 60000,
+/// header_timeout_ms: 10000, body_timeout_ms: 30000 } }`: the connection
+/// cap and the time a client may take. None of them cuts a request in
+/// flight (a long SSE stream, a `?wait=true` submission).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConnectionSettings {
+    /// The most connections open at once (default 1024; lowered, with a
+    /// log line, to leave a quarter of the process's file-descriptor limit
+    /// for the rest). A new connection past it closes the connection idle
+    /// the longest; when every one has a request in flight, the new one is
+    /// closed.
+    #[serde(deserialize_with = "positive")]
+    pub max: u64,
+    /// How long a connection may wait for the first byte of its next
+    /// request, after it opened or after its last answer (default 60 s).
+    #[serde(deserialize_with = "positive")]
+    pub idle_timeout_ms: u64,
+    /// How long a request's head (request line and headers) may take to
+    /// arrive, from its first byte (default 10 s).
+    #[serde(deserialize_with = "positive")]
+    pub header_timeout_ms: u64,
+    /// How long a request's body may take to arrive, from the end of its
+    /// head (default 30 s); past it the request gets 408
+    /// `request_timeout` and the connection closes.
+    #[serde(deserialize_with = "positive")]
+    pub body_timeout_ms: u64,
+}
+
+/// A number that must not be 0 (a cap of no connections, a timeout of no
+/// time).
+fn positive<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    std::num::NonZeroU64::deserialize(d).map(std::num::NonZeroU64::get)
+}
+
+impl Default for ConnectionSettings {
+    fn default() -> Self {
+        Self {
+            max: 1024,
+            idle_timeout_ms: 60_000,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+        }
+    }
+}
+
 impl Default for ServerSettings {
     fn default() -> Self {
         Self {
@@ -227,6 +276,7 @@ impl Default for ServerSettings {
             lease_seconds: 10,
             auth: None,
             cors: CorsSettings::default(),
+            connections: ConnectionSettings::default(),
             insecure_public: false,
         }
     }

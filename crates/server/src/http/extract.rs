@@ -11,9 +11,11 @@ use rein::contract::message::Message;
 use serde::de::DeserializeOwned;
 
 use super::ApiError;
+use super::listen::BodyTimedOut;
 
-/// A JSON body: 413 `body_too_large` over the limit, 400 `malformed_json`
-/// for bad JSON, 422 `invalid_body` for the wrong shape.
+/// A JSON body: 413 `body_too_large` over the limit, 408
+/// `request_timeout` when it arrives too slowly, 400 `malformed_json` for
+/// bad JSON, 422 `invalid_body` for the wrong shape.
 #[derive(Debug)]
 pub(crate) struct JsonBody<T>(pub(crate) T);
 
@@ -28,8 +30,16 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
-/// A body that failed to buffer.
+/// A body that failed to buffer: too large, too slow (408
+/// `request_timeout`, see `listen`), or broken.
 fn body_error(rejection: &BytesRejection) -> ApiError {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(e) = cause {
+        if let Some(timed_out) = e.downcast_ref::<BodyTimedOut>() {
+            return ApiError::new(408, "request_timeout", timed_out.to_string());
+        }
+        cause = e.source();
+    }
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::new(
             413,

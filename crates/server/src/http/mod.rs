@@ -4,10 +4,13 @@
 //! status ([`ApiError`]); a refused request changes nothing. Handlers
 //! read typed extractors ([`extract`]) whose rejection is an `ApiError`,
 //! and return the service's errors through the one table in [`error`].
+//! Connections — their cap, their timeouts, and what is refused before
+//! routing (a request target over 8 KiB) — are [`listen`]'s.
 
 mod error;
 mod extract;
 pub(crate) mod guard;
+pub(crate) mod listen;
 mod sse;
 
 pub use error::ApiError;
