@@ -281,6 +281,48 @@ pub fn builder(deployment: &Deployment) -> Result<AgentRuntimeBuilder, AssembleE
     builder_with(deployment, BTreeMap::new())
 }
 
+/// The executor of provider `id`.
+///
+/// # Errors
+///
+/// [`AssembleError::MissingKey`] when its `api_key_env` is not set.
+pub fn executor(
+    id: &str,
+    provider: &ProviderConfig,
+) -> Result<Arc<dyn rein::contract::inference::LlmExecutor>, AssembleError> {
+    Ok(match provider {
+        ProviderConfig::Genai {} => Arc::new(GenaiExecutor::new()),
+        ProviderConfig::OpenaiCompatible {
+            base_url,
+            api_key_env,
+        } => {
+            let key = match api_key_env {
+                Some(variable) => {
+                    Some(
+                        std::env::var(variable).map_err(|_| AssembleError::MissingKey {
+                            provider: id.to_owned(),
+                            variable: variable.clone(),
+                        })?,
+                    )
+                }
+                None => None,
+            };
+            Arc::new(GenaiExecutor::openai_compatible(base_url.clone(), key))
+        }
+        ProviderConfig::Scripted {
+            responses,
+            delay_ms,
+            chunk_delay_ms,
+        } => {
+            let script = responses
+                .iter()
+                .map(|r| r.to_response(*delay_ms, *chunk_delay_ms))
+                .collect();
+            Arc::new(ScriptedExecutor::new(script).repeat_last())
+        }
+    })
+}
+
 /// The builder, each agent getting the tools in `agent_tools` (its MCP
 /// tools) through a plugin of its own, `mcp:<agent id>`.
 fn builder_with(
@@ -290,39 +332,7 @@ fn builder_with(
     let mut builder = AgentRuntimeBuilder::new()
         .with_cancel_wait_timeout(Duration::from_millis(deployment.server.cancel_wait_ms));
     for (id, provider) in &deployment.providers {
-        builder = match provider {
-            ProviderConfig::Genai {} => builder.with_provider(id, Arc::new(GenaiExecutor::new())),
-            ProviderConfig::OpenaiCompatible {
-                base_url,
-                api_key_env,
-            } => {
-                let key =
-                    match api_key_env {
-                        Some(variable) => Some(std::env::var(variable).map_err(|_| {
-                            AssembleError::MissingKey {
-                                provider: id.clone(),
-                                variable: variable.clone(),
-                            }
-                        })?),
-                        None => None,
-                    };
-                builder.with_provider(
-                    id,
-                    Arc::new(GenaiExecutor::openai_compatible(base_url.clone(), key)),
-                )
-            }
-            ProviderConfig::Scripted {
-                responses,
-                delay_ms,
-                chunk_delay_ms,
-            } => {
-                let script = responses
-                    .iter()
-                    .map(|r| r.to_response(*delay_ms, *chunk_delay_ms))
-                    .collect();
-                builder.with_provider(id, Arc::new(ScriptedExecutor::new(script).repeat_last()))
-            }
-        };
+        builder = builder.with_provider(id, executor(id, provider)?);
     }
     for (id, model) in &deployment.models {
         let mut spec = ModelSpec::new(id, &model.provider, &model.model);

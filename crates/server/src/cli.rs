@@ -78,6 +78,10 @@ enum Command {
         /// The deployment file.
         #[arg(long)]
         config: PathBuf,
+        /// Also asks each model for one token, once: names the providers
+        /// that do not answer, refuse the key or do not know the model.
+        #[arg(long)]
+        probe: bool,
     },
 }
 
@@ -86,7 +90,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logs();
     match cli.command {
-        Command::Check { config } => check(&config),
+        Command::Check { config, probe } => check(&config, probe),
         Command::Serve {
             config,
             bind,
@@ -170,15 +174,29 @@ fn load(config: &Path, out: &mut dyn Write) -> Option<Deployment> {
     }
 }
 
-fn check(config: &Path) -> ExitCode {
+fn check(config: &Path, probe: bool) -> ExitCode {
     let mut stdout = std::io::stdout();
-    match load(config, &mut stdout) {
-        Some(_) => {
+    let Some(deployment) = load(config, &mut stdout) else {
+        return ExitCode::FAILURE;
+    };
+    if !probe {
+        println!("ok");
+        return ExitCode::SUCCESS;
+    }
+    block_on(async move {
+        let probes = crate::probe::probe(&deployment).await;
+        let failed = probes.iter().filter(|p| p.failure.is_some()).count();
+        for probe in &probes {
+            println!("{probe}");
+        }
+        if failed == 0 {
             println!("ok");
             ExitCode::SUCCESS
+        } else {
+            println!("{failed} of {} models failed the probe", probes.len());
+            ExitCode::FAILURE
         }
-        None => ExitCode::FAILURE,
-    }
+    })
 }
 
 async fn serve_command(
@@ -370,6 +388,12 @@ async fn run_command(
         return ExitCode::from(130);
     }
     match record.termination {
+        // A stop that errors caused is a failure, as an error is.
+        Some(TerminationReason::Stopped(r))
+            if matches!(r.code.as_str(), "consecutive_errors" | "error_rate") =>
+        {
+            ExitCode::FAILURE
+        }
         Some(TerminationReason::NaturalEnd | TerminationReason::Stopped(_)) => ExitCode::SUCCESS,
         Some(TerminationReason::Cancelled) => ExitCode::from(130),
         Some(TerminationReason::Error(_)) | None => ExitCode::FAILURE,

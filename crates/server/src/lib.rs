@@ -21,6 +21,7 @@ pub mod assemble;
 pub mod cli;
 pub mod deployment;
 pub mod http;
+pub mod probe;
 mod replay;
 
 /// Run control as a service (`rein-service`), which the HTTP API, AG-UI

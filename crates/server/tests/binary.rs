@@ -139,6 +139,169 @@ fn run_streams_the_answer_to_stdout_and_exits_by_termination() {
 }
 
 #[test]
+fn a_provider_nobody_answers_ends_the_run_error_naming_it_without_its_url_and_run_exits_1() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = dead.local_addr().unwrap().port();
+    drop(dead);
+    let yaml = |agent: &str| {
+        format!(
+            "providers:\n  local: {{ kind: openai_compatible, base_url: \"http://127.0.0.1:{port}/v1\" }}\nmodels:\n  m: {{ provider: local, model: smollm2 }}\nagents:\n  - {agent}\n"
+        )
+    };
+    // No limit but 50 rounds: the run ends `error` after a few attempts,
+    // not `stopped(max_rounds)` after 50.
+    let path = file(
+        "dead-provider",
+        &yaml("{ id: a, model_id: m, max_rounds: 50 }"),
+    );
+    let out = rein()
+        .args(["run", "--config"])
+        .arg(&path)
+        .arg("hi")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("[end] error")
+            && stderr.contains(
+                "provider \"local\" (model \"smollm2\") could not be reached in 4 attempts"
+            ),
+        "{stderr}"
+    );
+    // The run's own lines (what a client of the run sees) have no URL;
+    // the log lines have it, for the operator.
+    let printed: Vec<&str> = stderr.lines().filter(|l| l.starts_with('[')).collect();
+    assert!(
+        !printed.is_empty() && printed.iter().all(|l| !l.contains(&format!(":{port}"))),
+        "the URL leaked: {printed:?}"
+    );
+    // A stop that errors caused is a failure too.
+    let path = file(
+        "dead-provider-stop",
+        &yaml("{ id: a, model_id: m, stop_conditions: [ { type: consecutive_errors, max: 2 } ] }"),
+    );
+    let out = rein()
+        .args(["run", "--config"])
+        .arg(&path)
+        .arg("hi")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("consecutive_errors"), "{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+}
+
+/// A server on a free port that answers every request as OpenAI does for
+/// a model it does not have (404 `model_not_found`).
+fn unknown_model_server() -> u16 {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+            let length: usize = text
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            let mut body = vec![0u8; length];
+            let _ = stream.read_exact(&mut body);
+            let answer = r#"{"error":{"message":"The model `nope` does not exist","type":"invalid_request_error","code":"model_not_found"}}"#;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    port
+}
+
+#[test]
+fn check_probe_names_each_model_whose_provider_does_not_answer_or_know_it() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_port = dead.local_addr().unwrap().port();
+    drop(dead);
+    let unknown_port = unknown_model_server();
+    let live = std::env::var("REIN_LLM_BASE_URL")
+        .ok()
+        .filter(|u| !u.is_empty());
+    let mut yaml = format!(
+        "providers:\n  dead: {{ kind: openai_compatible, base_url: \"http://127.0.0.1:{dead_port}/v1\" }}\n  picky: {{ kind: openai_compatible, base_url: \"http://127.0.0.1:{unknown_port}/v1\" }}\n  offline: {{ kind: scripted, responses: [hi] }}\n"
+    );
+    if let Some(url) = &live {
+        yaml.push_str(&format!(
+            "  local: {{ kind: openai_compatible, base_url: \"{url}\" }}\n"
+        ));
+    }
+    yaml.push_str("models:\n  gone: { provider: dead, model: smollm2 }\n  nope: { provider: picky, model: nope }\n  demo: { provider: offline, model: script }\n");
+    if live.is_some() {
+        yaml.push_str("  small: { provider: local, model: smollm2 }\n");
+    }
+    yaml.push_str("agents:\n  - { id: a, model_id: demo }\n");
+    let path = file("probe", &yaml);
+    // Without --probe nothing is contacted.
+    let out = rein()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    let out = rein()
+        .args(["check", "--probe", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    let line = |model: &str| {
+        lines
+            .iter()
+            .find(|l| l.contains(&format!("model \"{model}\"")))
+            .copied()
+            .unwrap_or_default()
+    };
+    assert!(
+        line("gone")
+            .starts_with("model \"gone\" on provider \"dead\": does not answer: connection error"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(&format!(":{dead_port}")), "{stdout}");
+    assert!(
+        line("nope")
+            .starts_with("model \"nope\" on provider \"picky\": does not know model \"nope\""),
+        "{stdout}"
+    );
+    assert_eq!(
+        line("demo"),
+        "",
+        "scripted providers are not probed: {stdout}"
+    );
+    if live.is_some() {
+        assert_eq!(
+            line("small"),
+            "ok: model \"small\" on provider \"local\" answered",
+            "{stdout}"
+        );
+    }
+    let failed = if live.is_some() { "2 of 3" } else { "2 of 2" };
+    assert_eq!(
+        lines.last().copied(),
+        Some(format!("{failed} models failed the probe").as_str()),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn ctrl_c_cancels_a_run_cleanly_and_exits_130() {
     let slow = file(
         "slow",

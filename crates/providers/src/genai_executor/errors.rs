@@ -203,8 +203,14 @@ fn classify_transport(
     cause: &str,
     phase: Phase,
 ) -> InferenceError {
-    let message = snippet(&error_chain(error, cause));
+    let mut message = snippet(&error_chain(error, cause));
     if let Some(reqwest) = downcast_field(genai::webc::Error::Reqwest, error) {
+        // The URL may be internal (a local server, a gateway): the log
+        // has it, the run's termination (which clients read) does not.
+        if let Some(url) = reqwest.url() {
+            message = message.replace(url.as_str(), "the provider's URL");
+            tracing::warn!(url = %url, "provider request failed: {message}");
+        }
         if reqwest.is_timeout() {
             return InferenceError::timeout(message);
         }

@@ -25,6 +25,12 @@ use crate::phase::{Directives, RunIdentity, panic_message};
 use crate::policies::StopStatsKey;
 use crate::telemetry;
 
+/// How many failures in a row, the last a connection failure, end a run
+/// `error`: with the backoff between them, a provider that stays
+/// unreachable for about 3.5 s. (A provider restarting answers in that
+/// time; a wrong port or host never does.)
+pub(crate) const CONNECTION_ATTEMPTS: u32 = 4;
+
 /// How one inference attempt ended.
 pub(super) enum Inference {
     Done(InferenceResponse),
@@ -287,6 +293,16 @@ impl Run {
             .get::<StopStatsKey>()
             .map(|s| s.consecutive_errors)
             .unwrap_or(1);
+        // A provider that cannot be reached at all (refused, no route, no
+        // such host) is not retried round after round until a limit says
+        // `stopped`: after a few attempts the run ends `error`, naming it.
+        if error.kind() == InferenceErrorKind::Connection && attempt >= CONNECTION_ATTEMPTS {
+            let model = &self.agent.model;
+            return Some(TerminationReason::Error(format!(
+                "inference failed: provider \"{}\" (model \"{}\") could not be reached in {attempt} attempts: {error}",
+                model.provider_id, model.upstream_model
+            )));
+        }
         let delay = self.backoff.delay(attempt, &error);
         self.emit(|| AgentEvent::InferenceRetry {
             run_id: self.id.run_id.clone(),

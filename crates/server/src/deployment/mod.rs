@@ -135,6 +135,20 @@ fn default_max_result_bytes() -> usize {
     rein_mcp::McpOptions::default().max_result_bytes
 }
 
+/// Why genai cannot route `name` to a provider, if it cannot: a name
+/// with no known prefix (`gpt-…`, `claude-…`, `gemini-…`, …) and no
+/// namespace (`anthropic::…`) would silently go to a local Ollama server.
+fn genai_route_unknown(name: &str) -> Option<String> {
+    use rein::engine::genai::adapter::AdapterKind;
+    let kind = AdapterKind::from_model(name).ok()?;
+    if kind != AdapterKind::Ollama || name.starts_with("ollama::") {
+        return None;
+    }
+    Some(format!(
+        "the `genai` provider cannot tell which provider serves \"{name}\": the name has no known prefix (gpt-, o3-, claude-, gemini-, grok-, command-, …); check its spelling, or name the provider with a namespace (`anthropic::{name}`, `ollama::{name}` for a local Ollama)"
+    ))
+}
+
 /// An agent: its spec, and the tools it lists by name.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentConfig {
@@ -425,6 +439,14 @@ impl Deployment {
             });
         };
         for (id, model) in &self.models {
+            if let Some(ProviderConfig::Genai {}) = self.providers.get(&model.provider)
+                && let Some(message) = genai_route_unknown(&model.model)
+            {
+                error(
+                    &format!("models.{id}.model"),
+                    format!("model \"{id}\": {message}"),
+                );
+            }
             if !self.providers.contains_key(&model.provider) {
                 error(
                     &format!("models.{id}.provider"),

@@ -127,7 +127,7 @@ fn an_invalid_regex_is_reported_by_the_stop_condition_loader() {
 
 #[test]
 fn artifacts_follow_the_store_unless_the_file_chooses() {
-    const BASE: &str = "providers:\n  p: { kind: genai }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - id: a\n    model_id: m\n    context: { window_tokens: 8000, offload: { min_tokens: 500 } }\n";
+    const BASE: &str = "providers:\n  p: { kind: genai }\nmodels:\n  m: { provider: p, model: gpt-4o-mini }\nagents:\n  - id: a\n    model_id: m\n    context: { window_tokens: 8000, offload: { min_tokens: 500 } }\n";
     let d = Deployment::from_yaml(BASE).unwrap();
     assert_eq!(d.artifacts, None);
     assert_eq!(d.artifact_store(), ArtifactsConfig::Memory);
@@ -153,7 +153,7 @@ fn artifacts_follow_the_store_unless_the_file_chooses() {
 
 #[test]
 fn a_bad_artifacts_value_is_an_error_at_its_position() {
-    const BASE: &str = "providers:\n  p: { kind: genai }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m }\n";
+    const BASE: &str = "providers:\n  p: { kind: genai }\nmodels:\n  m: { provider: p, model: gpt-4o-mini }\nagents:\n  - { id: a, model_id: m }\n";
     let lines = errors(&format!("{BASE}artifacts: disk\n"));
     assert!(lines[0].starts_with("<text>:7:"), "{lines:?}");
     assert!(
@@ -174,8 +174,20 @@ fn a_bad_artifacts_value_is_an_error_at_its_position() {
 #[test]
 fn an_agent_s_context_policy_is_checked_with_its_position() {
     let lines = errors(
-        "providers:\n  p: { kind: genai }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - id: a\n    model_id: m\n    context: { window_tokens: 8000, compact: { at: 1.5 } }\n",
+        "providers:\n  p: { kind: genai }\nmodels:\n  m: { provider: p, model: gpt-4o-mini }\nagents:\n  - id: a\n    model_id: m\n    context: { window_tokens: 8000, compact: { at: 1.5 } }\n",
     );
     assert!(lines[0].starts_with("<text>:8:"), "{lines:?}");
     assert!(lines[0].contains("at"), "{lines:?}");
+}
+
+#[test]
+fn a_genai_model_name_no_provider_claims_is_a_load_error_at_its_value() {
+    let text = "providers:\n  p: { kind: genai }\nmodels:\n  typo: { provider: p, model: claud-sonnet-4 }\n  ok: { provider: p, model: claude-sonnet-4 }\n  spaced: { provider: p, model: \"anthropic::claud-x\" }\n  local: { provider: p, model: \"ollama::llama3\" }\nagents:\n  - { id: a, model_id: ok }\n";
+    let lines = errors(text);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("<text>:4:31: model \"typo\": the `genai` provider cannot tell which provider serves \"claud-sonnet-4\""),
+        "{lines:?}"
+    );
+    assert!(lines[0].contains("`ollama::claud-sonnet-4`"), "{lines:?}");
 }
