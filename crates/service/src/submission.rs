@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use rein_runtime_contract::message::Message;
+use rein_runtime_contract::message::{Message, Role};
 use serde::Deserialize;
 
 use crate::error::ServiceError;
@@ -87,7 +87,10 @@ impl Submission {
 
     /// Checks the ids against the service's limits (the same in both
     /// modes): each at most [`MAX_ID_BYTES`], with no control characters,
-    /// the thread id and a key not empty.
+    /// the thread id and a key not empty. And refuses instructions from
+    /// clients (a `system` message, which AG-UI's `developer` role is
+    /// too): an agent's instructions are its spec's `system_prompt`, for
+    /// every entry point.
     pub(crate) fn validate(&self, thread_id: &str) -> Result<(), ServiceError> {
         check_id("thread_id", thread_id)?;
         if let Some(agent_id) = &self.agent_id {
@@ -102,6 +105,15 @@ impl Submission {
         for (i, m) in self.client_messages.iter().enumerate() {
             for id in &m.ids {
                 check_id(&format!("messages[{i}].id"), id)?;
+            }
+        }
+        let client = self.client_messages.iter().map(|m| m.message.as_ref());
+        for (i, m) in self.messages.iter().map(Some).chain(client).enumerate() {
+            if m.is_some_and(|m| m.role == Role::System) {
+                return Err(ServiceError::invalid(
+                    format!("messages[{i}].role"),
+                    "is an instruction (system or developer): clients may not send one; the agent's system_prompt gives its instructions, so send this text as a user message",
+                ));
             }
         }
         Ok(())

@@ -96,9 +96,11 @@ impl RunAgentInput {
                     })?;
                     Some(Message::tool(call, content))
                 }
-                // Instructions come from the agent's spec; activity and
-                // reasoning messages are the client's own.
-                "system" | "developer" | "activity" | "reasoning" => None,
+                // Instructions: the service refuses them, as it does for
+                // the HTTP API (one policy, in `rein-service`).
+                "system" | "developer" => Some(Message::system(content)),
+                // Activity and reasoning messages are the client's own.
+                "activity" | "reasoning" => None,
                 other => {
                     return Err(ApiError::new(
                         422,

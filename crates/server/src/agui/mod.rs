@@ -4,9 +4,10 @@
 //!
 //! - **Input.** The client sends the whole conversation; only messages
 //!   whose `id` the thread has not seen are appended ([`input`]). System
-//!   and developer messages are not stored (the agent's system prompt is
-//!   its own); frontend tools declared in `tools`, `state`, `context` and
-//!   `forwardedProps` are accepted and not used yet.
+//!   and developer messages are refused (422 `invalid_field`), as the
+//!   HTTP API refuses them: the agent's system prompt is its own. Frontend
+//!   tools declared in `tools`, `state`, `context` and `forwardedProps`
+//!   are accepted and not used yet.
 //! - **The run** is an `interrupt` submission whose run id is the input's
 //!   `runId`; a newer submission to the thread interrupts it.
 //! - **Output.** The run's events become AG-UI events ([`events`]): every
@@ -54,13 +55,8 @@ pub(crate) async fn run(
             ),
         ));
     }
-    if input.thread_id.is_empty() || input.run_id.is_empty() {
-        return Err(ApiError::new(
-            422,
-            "invalid_body",
-            "threadId and runId must not be empty",
-        ));
-    }
+    // The ids (empty, too long, control characters) and the messages'
+    // roles are checked by the service, for every entry point alike.
     let submission = Submission {
         agent_id: Some(agent_id),
         client_messages: input.client_messages()?,
