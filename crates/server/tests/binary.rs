@@ -302,6 +302,43 @@ fn check_probe_names_each_model_whose_provider_does_not_answer_or_know_it() {
 }
 
 #[test]
+fn a_scripted_reply_s_usage_counts_so_a_token_budget_stops_the_run_offline() {
+    let path = file(
+        "usage",
+        "providers:\n  p:\n    kind: scripted\n    responses:\n      - { text: \"Thinking.\", tool_calls: [ { name: look } ], usage: { input: 700, output: 400 } }\n      - \"Done.\"\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m, stop_conditions: [ { type: token_budget, max_total: 1000 } ] }\n",
+    );
+    let out = rein()
+        .args(["run", "--config"])
+        .arg(&path)
+        .arg("hi")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("[end] stopped (token_budget)")
+            && stderr.contains("700 tokens in / 400 out"),
+        "{stderr}"
+    );
+    // A usage with a misspelt key is refused, not ignored.
+    let bad = file(
+        "usage-typo",
+        "providers:\n  p: { kind: scripted, responses: [ { text: hi, usage: { inputs: 1, output: 1 } } ] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m }\n",
+    );
+    let out = rein()
+        .args(["check", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("inputs"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
 fn ctrl_c_cancels_a_run_cleanly_and_exits_130() {
     let slow = file(
         "slow",

@@ -23,7 +23,7 @@ use rein::registry_spec::AgentSpec;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-pub use scripted::{ScriptedItem, ScriptedReply, ScriptedToolCall};
+pub use scripted::{ScriptedItem, ScriptedReply, ScriptedToolCall, ScriptedUsage};
 
 use positions::Positions;
 

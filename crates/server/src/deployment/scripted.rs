@@ -1,5 +1,5 @@
 //! The `scripted` provider's replies: a string (a text reply) or a mapping
-//! with text, tool calls, an error and delays.
+//! with text, tool calls, an error, delays and the usage it reports.
 
 use std::fmt;
 use std::time::Duration;
@@ -38,6 +38,20 @@ pub struct ScriptedReply {
     /// Wait between streamed chunks, in milliseconds.
     #[serde(default)]
     pub chunk_delay_ms: Option<u64>,
+    /// The tokens the reply reports having used, so token budgets and
+    /// usage can be shown offline (none reported when absent).
+    #[serde(default)]
+    pub usage: Option<ScriptedUsage>,
+}
+
+/// `usage: { input: 120, output: 30 }` of a scripted reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedUsage {
+    /// Input (prompt) tokens.
+    pub input: u64,
+    /// Output tokens.
+    pub output: u64,
 }
 
 /// A scripted tool call.
@@ -99,6 +113,9 @@ impl ScriptedItem {
             let mut r = ScriptedResponse::text(reply.text.clone().unwrap_or_default());
             for call in &reply.tool_calls {
                 r = r.with_tool_call(call.name.clone(), call.arguments.clone());
+            }
+            if let Some(usage) = reply.usage {
+                r = r.with_usage(usage.input, usage.output);
             }
             r
         };
