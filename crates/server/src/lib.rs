@@ -33,7 +33,8 @@ use std::time::Duration;
 
 use service::Service;
 
-/// How long shutdown waits for open connections after the runs ended.
+/// How long shutdown waits for open connections after the service shut
+/// down (which already waited up to `cancel_wait_ms` for the runs).
 const CONNECTION_GRACE: Duration = Duration::from_secs(2);
 
 /// Serves the API on `listener` until `shutdown` completes; then shuts
@@ -58,7 +59,6 @@ pub async fn serve(
     settings: deployment::ServerSettings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let grace = Duration::from_millis(service.settings().cancel_wait_ms) + CONNECTION_GRACE;
     let router = http::router(service.clone(), &settings)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let limits = http::listen::Limits::new(&settings.connections);
@@ -68,5 +68,5 @@ pub async fn serve(
         shutdown.await;
         service.shutdown().await;
     };
-    http::listen::serve(listener, router, limits, stop, grace).await
+    http::listen::serve(listener, router, limits, stop, CONNECTION_GRACE).await
 }
