@@ -393,6 +393,172 @@ fn an_sse_stream_and_a_waiting_submission_outlive_the_idle_header_and_body_timeo
     );
 }
 
+/// A connection to `addr` whose receive buffer is small (4 KiB asked;
+/// the kernel may round it up), so a large answer waits on the reader.
+fn connect_with_small_receive_buffer(addr: &str) -> TcpStream {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let addr = addr.parse().unwrap();
+    runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let stream = socket.connect(addr).await.unwrap().into_std().unwrap();
+        stream.set_nonblocking(false).unwrap();
+        stream
+    })
+}
+
+#[test]
+fn a_large_answer_read_slowly_arrives_whole_past_the_idle_timeout() {
+    let idle = Duration::from_millis(300);
+    let serve = Serve::start(&file(
+        "large",
+        &format!(
+            "{}  body_limit_bytes: 16000000\n",
+            with_delay(0, "idle_timeout_ms: 300, header_timeout_ms: 5000")
+        ),
+    ));
+    // An 8 MB message: its thread's history is far more than hyper and the
+    // kernel buffer, so most of it is sent while the client reads.
+    let content = "word ".repeat(1_600_000);
+    let submit =
+        format!(r#"{{"agent_id":"a","messages":[{{"role":"user","content":"{content}"}}]}}"#);
+    let (status, body) = serve.send_within(
+        "POST /v1/threads/big/runs?wait=true HTTP/1.1\r\ncontent-type: application/json",
+        &submit,
+        Duration::from_secs(30),
+    );
+    assert_eq!(status, 200, "{}", &body[..body.len().min(300)]);
+
+    let mut socket = connect_with_small_receive_buffer(&serve.addr);
+    // Kept alive: the server closes it once idle after the answer.
+    socket
+        .write_all(b"GET /v1/threads/big/messages HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0; 16 * 1024];
+    let mut next_pause = 0;
+    let mut expected = None;
+    loop {
+        // A slow reader: a pause of several idle timeouts before the first
+        // read and after every further MiB.
+        if answer.len() >= next_pause {
+            std::thread::sleep(3 * idle);
+            next_pause += 1024 * 1024;
+        }
+        let n = socket
+            .read(&mut buf)
+            .unwrap_or_else(|e| panic!("the answer was cut after {} bytes: {e}", answer.len()));
+        assert!(n > 0, "the answer was cut after {} bytes", answer.len());
+        answer.extend_from_slice(&buf[..n]);
+        if expected.is_none()
+            && let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n")
+        {
+            let head = String::from_utf8_lossy(&answer[..end]).to_lowercase();
+            assert!(head.starts_with("http/1.1 200"), "{head}");
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .expect("a content-length")
+                .trim()
+                .parse()
+                .unwrap();
+            expected = Some(end + 4 + length);
+        }
+        if expected.is_some_and(|total| answer.len() >= total) {
+            break;
+        }
+    }
+    let (_, body) = status_and_body(&answer);
+    let messages: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        messages[0]["content"].as_str().map(str::len),
+        Some(content.len())
+    );
+    // Then, idle, it is closed after the idle timeout.
+    assert!(
+        closed_within(&mut socket, Duration::from_secs(5)).is_some_and(|rest| rest.is_empty()),
+        "closed once idle"
+    );
+}
+
+#[test]
+fn the_start_of_a_next_request_sent_during_an_answer_is_timed_as_a_head() {
+    let serve = Serve::start(&file(
+        "pipelined",
+        &with_connections("idle_timeout_ms: 30000, header_timeout_ms: 300"),
+    ));
+    let (status, body) = serve.send(
+        "POST /v1/threads/p/runs HTTP/1.1\r\ncontent-type: application/json",
+        SUBMIT,
+    );
+    assert_eq!(status, 202, "{body}");
+    let accepted: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let run_id = accepted["run_id"].as_str().unwrap();
+    let mut socket = serve.connect();
+    write!(
+        socket,
+        "GET /v1/runs/{run_id}/events HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
+    )
+    .unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut events = String::new();
+    let mut buf = [0; 4096];
+    let mut sent_half = false;
+    while !events.contains("event: run_finished") {
+        let n = socket.read(&mut buf).expect("the stream goes on");
+        assert!(n > 0, "the stream was cut: {events}");
+        events.push_str(&String::from_utf8_lossy(&buf[..n]));
+        if !sent_half {
+            // The answer has started: half of a next request's head.
+            socket
+                .write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nx-slow: ")
+                .unwrap();
+            sent_half = true;
+        }
+    }
+    let answered = Instant::now();
+    let rest = closed_within(&mut socket, Duration::from_secs(8)).unwrap_or_else(|| {
+        panic!("half a head sent during the answer is under the header timeout, not the idle one")
+    });
+    assert!(
+        !String::from_utf8_lossy(&rest).contains("HTTP/1.1"),
+        "no answer to half a head: {rest:?}"
+    );
+    assert!(answered.elapsed() < Duration::from_secs(8));
+}
+
+#[test]
+fn a_head_over_80_kib_gets_431_and_a_target_over_64_kib_hyper_s_414() {
+    let serve = Serve::start(&file("big-head", AGENTS));
+    let mut socket = serve.connect();
+    // The server may close before it has read all of it.
+    let _ = write!(
+        socket,
+        "GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nx-big: {}\r\nconnection: close\r\n\r\n",
+        "b".repeat(90 * 1024)
+    );
+    let answer =
+        closed_within(&mut socket, Duration::from_secs(5)).expect("a head over 80 KiB is closed");
+    // Reset before the answer was read, or the answer: never routed.
+    if !answer.is_empty() {
+        let (status, _) = status_and_body(&answer);
+        assert_eq!(status, 431);
+    }
+    let (status, body) = serve.send(
+        &format!("GET /v1/runs/{} HTTP/1.1", "r".repeat(70 * 1024)),
+        "",
+    );
+    assert_eq!((status, body.as_str()), (414, ""));
+}
+
 #[test]
 fn a_cap_or_timeout_of_zero_is_refused_by_rein_check() {
     for setting in [

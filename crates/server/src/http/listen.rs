@@ -22,20 +22,32 @@
 //!   reading it fails, the handler answers 408 `request_timeout`, and the
 //!   connection closes.
 //!
+//! hyper lets go of an answer once its end is buffered, not sent, so the
+//! socket is watched too: while a write waits for the client to read, no
+//! timer runs (and the connection is not evicted), and idle starts again
+//! from the write that sent the rest. Bytes of a next request that arrive
+//! while busy, after the request's body, make the connection leave busy in
+//! the head rather than idle (approximately: such bytes read together with
+//! the end of a body are not noticed).
+//!
 //! **The cap.** At most `max` connections are open (lowered to leave a
 //! quarter of the file-descriptor limit, at least 32, for the rest of the
 //! process). A connection accepted at the cap closes the one idle (or in
 //! its head) the longest, so idle and half-sent sockets cannot lock out a
 //! new client such as a health check; when every open connection is busy
-//! the new one is closed at once. An accept that fails because the process
-//! is out of file descriptors closes the longest-idle connection too, and
-//! the loop backs off briefly instead of spinning; no accept error ends
-//! the loop.
+//! the new one is closed at once. Which one is evicted is decided under the
+//! lock a request takes to become busy: a connection that started a request
+//! is never evicted, and a head completed on an evicted connection gets 503
+//! `connection_evicted` (if it gets out before the close), never routed.
+//! An accept that fails because the process is out of file descriptors
+//! closes the longest-idle connection too, and the loop backs off briefly
+//! instead of spinning; no accept error ends the loop.
 //!
-//! **Before routing.** A request target (path and query) over
-//! [`MAX_TARGET_BYTES`] gets the API's JSON 414 `uri_too_long`. hyper
-//! itself still answers, with an empty body, a head it cannot parse (400),
-//! a request target over 64 KiB (414) and a head over about 400 KiB (431).
+//! **Before routing.** A request target (path and query, with the
+//! authority of an absolute-form target) over [`MAX_TARGET_BYTES`] gets
+//! the API's JSON 414 `uri_too_long`. hyper itself still answers, with an
+//! empty body, a head it cannot parse (400), a request target over 64 KiB
+//! (414) and a head over [`MAX_BUF_BYTES`], 80 KiB (431).
 //!
 //! **Shutdown.** When the stop signal completes the listener closes, every
 //! connection is asked to finish (hyper's graceful shutdown: an idle one
@@ -55,7 +67,7 @@ use axum::Router;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{HeaderValue, Request, Response, header};
 use axum::response::IntoResponse;
-use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::body::{Frame, SizeHint};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -68,9 +80,15 @@ use tower_service::Service as _;
 use super::ApiError;
 use crate::deployment::ConnectionSettings;
 
-/// The longest request target (path and query, or an absolute URI) that is
-/// routed: 8 KiB. Longer ones get 414 `uri_too_long`.
+/// The longest request target that is routed: 8 KiB, counting its path and
+/// query and, for an absolute-form target, its authority (not the scheme).
+/// Longer ones get 414 `uri_too_long`.
 pub(crate) const MAX_TARGET_BYTES: usize = 8 * 1024;
+
+/// The most a connection buffers, read or write: a request head over it
+/// gets hyper's 431. Above hyper's 64 KiB target limit, so a target over
+/// that still gets its 414.
+const MAX_BUF_BYTES: usize = 80 * 1024;
 
 /// How often, at most, a refused connection or a failing accept is logged.
 const WARN_EVERY: Duration = Duration::from_secs(10);
@@ -268,8 +286,11 @@ async fn connection(
         let conn = conn.clone();
         hyper::service::service_fn(move |req| handle(req, router.clone(), conn.clone(), limits))
     };
-    let mut serving =
-        pin!(hyper::server::conn::http1::Builder::new().serve_connection(io, service));
+    let mut serving = pin!(
+        hyper::server::conn::http1::Builder::new()
+            .max_buf_size(MAX_BUF_BYTES)
+            .serve_connection(io, service)
+    );
     let mut finishing = false;
     loop {
         let deadline = conn.deadline(&limits);
@@ -280,7 +301,8 @@ async fn connection(
                 }
                 break;
             }
-            // Evicted at the cap, or dropped after the shutdown's grace.
+            // Evicted at the cap (only while idle or in a head), or dropped
+            // after the shutdown's grace.
             () = conn.evict.cancelled() => break,
             () = draining.cancelled(), if !finishing => {
                 finishing = true;
@@ -299,16 +321,35 @@ async fn connection(
     }
 }
 
-/// One request: refused here when its target is too long, otherwise routed
-/// with its body under the body deadline. The connection is busy until the
-/// answer's last byte is handed to hyper.
-async fn handle(
-    req: Request<Incoming>,
+/// One request: refused here when its connection was evicted or its target
+/// is too long, otherwise routed with its body under the body deadline.
+/// The connection is busy until the answer's last byte is handed to hyper
+/// (and not timed until it is sent, see `Watched`).
+async fn handle<B>(
+    req: Request<B>,
     mut router: Router,
     conn: Arc<Conn>,
     limits: Limits,
-) -> Result<Response<Tracked>, Infallible> {
-    let busy = Busy::enter(conn.clone());
+) -> Result<Response<Tracked>, Infallible>
+where
+    B: HttpBody<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let Some(busy) = Busy::enter(conn.clone()) else {
+        // Evicted at the cap before this request's head was complete: the
+        // connection is closing, and the request was not run, so the
+        // client may send it again.
+        let mut response = ApiError::new(
+            503,
+            "connection_evicted",
+            "this connection was closed to make room for another (server.connections.max) before the request started; it was not run, send it again",
+        )
+        .into_response();
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Ok(response.map(|body| Tracked { body, _busy: None }));
+    };
     let uri = req.uri();
     let target = uri.path_and_query().map_or(0, |p| p.as_str().len())
         + uri.authority().map_or(0, |a| a.as_str().len());
@@ -324,6 +365,7 @@ async fn handle(
     } else {
         let req = req.map(|body| {
             if body.is_end_stream() {
+                conn.body_done();
                 Body::new(body)
             } else {
                 Body::new(Deadline {
@@ -348,7 +390,10 @@ async fn handle(
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
-    Ok(response.map(|body| Tracked { body, _busy: busy }))
+    Ok(response.map(|body| Tracked {
+        body,
+        _busy: Some(busy),
+    }))
 }
 
 /// A request body that did not fully arrive within
@@ -361,14 +406,18 @@ async fn handle(
 pub(crate) struct BodyTimedOut;
 
 /// A request body that fails with [`BodyTimedOut`] once its deadline has
-/// passed.
-struct Deadline {
-    body: Incoming,
+/// passed, and tells its connection when it has all been read.
+struct Deadline<B> {
+    body: B,
     sleep: Pin<Box<Sleep>>,
     conn: Arc<Conn>,
 }
 
-impl HttpBody for Deadline {
+impl<B> HttpBody for Deadline<B>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
     type Data = Bytes;
     type Error = BoxError;
 
@@ -378,7 +427,12 @@ impl HttpBody for Deadline {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         match Pin::new(&mut this.body).poll_frame(cx) {
-            Poll::Ready(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
+            Poll::Ready(frame) => {
+                if frame.is_none() || this.body.is_end_stream() {
+                    this.conn.body_done();
+                }
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
             Poll::Pending => match this.sleep.as_mut().poll(cx) {
                 Poll::Ready(()) => {
                     this.conn.body_timed_out.store(true, Ordering::Relaxed);
@@ -399,10 +453,11 @@ impl HttpBody for Deadline {
 }
 
 /// An answer's body; the connection stays busy until hyper drops it (its
-/// last byte handed over, or the connection gone).
+/// last byte handed over, or the connection gone). No `Busy` for the 503
+/// of an evicted connection.
 struct Tracked {
     body: Body,
-    _busy: Busy,
+    _busy: Option<Busy>,
 }
 
 impl HttpBody for Tracked {
@@ -434,15 +489,35 @@ enum Phase {
     Head(Instant),
     /// How many requests are being answered (one, with HTTP/1).
     Busy(usize),
+    /// Closed at the cap while idle or in a head (decided under the lock,
+    /// so never once a request started): a request whose head completes
+    /// anyway is answered 503 `connection_evicted`, never routed.
+    Evicted,
+}
+
+/// A connection's phase and what moves it, under one lock.
+#[derive(Debug)]
+struct State {
+    phase: Phase,
+    /// The request being answered has no body, or all of it has been read:
+    /// bytes arriving now belong to the next request.
+    body_done: bool,
+    /// Bytes of a next request arrived while busy (after the body): the
+    /// connection leaves busy in the head, not idle.
+    pipelined: bool,
+    /// A write is waiting for the client to read: an answer (or its end)
+    /// is still being sent, whatever the phase. No timer runs and the
+    /// connection is not evicted until a write makes progress.
+    write_blocked: bool,
 }
 
 /// What the accept loop, the connection's task, its socket and its
 /// requests share about one connection.
 #[derive(Debug)]
 struct Conn {
-    phase: Mutex<Phase>,
-    /// Notified when the phase leaves busy or a head starts, so the task
-    /// computes its deadline again.
+    state: Mutex<State>,
+    /// Notified when the phase leaves busy, a head starts or a blocked write
+    /// makes progress, so the task computes its deadline again.
     changed: Notify,
     /// Cancelled to close the connection at once.
     evict: CancellationToken,
@@ -453,42 +528,109 @@ struct Conn {
 impl Conn {
     fn new(evict: CancellationToken) -> Self {
         Self {
-            phase: Mutex::new(Phase::Idle(Instant::now())),
+            state: Mutex::new(State {
+                phase: Phase::Idle(Instant::now()),
+                body_done: false,
+                pipelined: false,
+                write_blocked: false,
+            }),
             changed: Notify::new(),
             evict,
             body_timed_out: AtomicBool::new(false),
         }
     }
 
-    fn phase(&self) -> MutexGuard<'_, Phase> {
-        // The phase is a plain value, whole after any panic.
-        self.phase.lock().unwrap_or_else(PoisonError::into_inner)
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Plain values, whole after any panic.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Bytes came in: an idle connection starts a head.
+    /// Bytes came in: an idle connection starts a head; a busy one whose
+    /// request body is done has the start of a next request (pipelined).
+    /// Approximate: bytes of a next head read together with the end of a
+    /// body, or before the handler saw that end, are not noticed, and that
+    /// head is timed as idle once the answer is done.
     fn bytes_arrived(&self) {
-        let mut phase = self.phase();
-        if let Phase::Idle(_) = *phase {
-            *phase = Phase::Head(Instant::now());
-            drop(phase);
+        let mut state = self.state();
+        match state.phase {
+            Phase::Idle(_) => {
+                state.phase = Phase::Head(Instant::now());
+                drop(state);
+                self.changed.notify_one();
+            }
+            Phase::Busy(_) if state.body_done => state.pipelined = true,
+            Phase::Busy(_) | Phase::Head(_) | Phase::Evicted => {}
+        }
+    }
+
+    /// The request's body has all been read.
+    fn body_done(&self) {
+        self.state().body_done = true;
+    }
+
+    /// A write (or flush) is waiting for the client to read.
+    fn write_blocked(&self) {
+        self.state().write_blocked = true;
+    }
+
+    /// A write made progress: a blocked connection is unblocked, and an
+    /// idle one is idle from now (its answer's end only just went out).
+    fn write_progressed(&self) {
+        let mut state = self.state();
+        if state.write_blocked {
+            state.write_blocked = false;
+            if let Phase::Idle(_) = state.phase {
+                state.phase = Phase::Idle(Instant::now());
+            }
+            drop(state);
             self.changed.notify_one();
         }
     }
 
-    /// When the connection times out in its phase (never while busy).
+    /// When the connection times out in its phase (never while busy or
+    /// while a write waits for the client).
     fn deadline(&self, limits: &Limits) -> Option<Instant> {
-        match *self.phase() {
+        let state = self.state();
+        if state.write_blocked {
+            return None;
+        }
+        match state.phase {
             Phase::Idle(since) => Some(since + limits.idle),
             Phase::Head(since) => Some(since + limits.header),
-            Phase::Busy(_) => None,
+            Phase::Busy(_) | Phase::Evicted => None,
         }
     }
 
-    /// Since when it has been waiting for a request; `None` while busy.
+    /// Since when it has been waiting for a request; `None` while busy,
+    /// while a write waits for the client, or once evicted.
     fn waiting_since(&self) -> Option<Instant> {
-        match *self.phase() {
+        let state = self.state();
+        if state.write_blocked {
+            return None;
+        }
+        match state.phase {
             Phase::Idle(since) | Phase::Head(since) => Some(since),
-            Phase::Busy(_) => None,
+            Phase::Busy(_) | Phase::Evicted => None,
+        }
+    }
+
+    /// Evicts the connection if it is still waiting for a request: marks
+    /// it evicted and closes it, deciding under the lock `Busy::enter`
+    /// takes, so a request that started is never dropped. False when it
+    /// is busy (or sending) by now.
+    fn try_evict(&self) -> bool {
+        let mut state = self.state();
+        if state.write_blocked {
+            return false;
+        }
+        match state.phase {
+            Phase::Idle(_) | Phase::Head(_) => {
+                state.phase = Phase::Evicted;
+                drop(state);
+                self.evict.cancel();
+                true
+            }
+            Phase::Busy(_) | Phase::Evicted => false,
         }
     }
 }
@@ -497,33 +639,50 @@ impl Conn {
 struct Busy(Arc<Conn>);
 
 impl Busy {
-    fn enter(conn: Arc<Conn>) -> Self {
+    /// The connection starts answering a request; `None` when it was
+    /// evicted (the request must not be routed).
+    fn enter(conn: Arc<Conn>) -> Option<Self> {
         {
-            let mut phase = conn.phase();
-            *phase = match *phase {
+            let mut state = conn.state();
+            state.phase = match state.phase {
+                Phase::Evicted => return None,
                 Phase::Busy(n) => Phase::Busy(n + 1),
-                Phase::Idle(_) | Phase::Head(_) => Phase::Busy(1),
+                Phase::Idle(_) | Phase::Head(_) => {
+                    state.body_done = false;
+                    state.pipelined = false;
+                    Phase::Busy(1)
+                }
             };
         }
-        Self(conn)
+        Some(Self(conn))
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        let mut phase = self.0.phase();
-        match *phase {
-            Phase::Busy(n) if n > 1 => *phase = Phase::Busy(n - 1),
-            _ => {
-                *phase = Phase::Idle(Instant::now());
-                drop(phase);
+        let mut state = self.0.state();
+        match state.phase {
+            Phase::Busy(n) if n > 1 => state.phase = Phase::Busy(n - 1),
+            Phase::Evicted => {}
+            Phase::Busy(_) | Phase::Idle(_) | Phase::Head(_) => {
+                // Bytes of a next request came while busy: its head is
+                // timed from now, as if it had started now.
+                state.phase = if std::mem::take(&mut state.pipelined) {
+                    Phase::Head(Instant::now())
+                } else {
+                    Phase::Idle(Instant::now())
+                };
+                drop(state);
                 self.0.changed.notify_one();
             }
         }
     }
 }
 
-/// A socket that tells its connection when bytes arrive.
+/// A socket that tells its connection when bytes arrive, and when a write
+/// waits for the client to read or makes progress again: hyper drops an
+/// answer's body once its last frame is buffered, not sent, so the idle
+/// timer must not run while the rest is still going out.
 struct Watched {
     io: TcpStream,
     conn: Arc<Conn>,
@@ -545,13 +704,27 @@ impl AsyncRead for Watched {
     }
 }
 
+impl Watched {
+    /// Tells the connection how a write went.
+    fn wrote(&self, polled: &Poll<std::io::Result<usize>>) {
+        match polled {
+            Poll::Pending => self.conn.write_blocked(),
+            Poll::Ready(Ok(n)) if *n > 0 => self.conn.write_progressed(),
+            Poll::Ready(_) => {}
+        }
+    }
+}
+
 impl AsyncWrite for Watched {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.wrote(&polled);
+        polled
     }
 
     fn poll_write_vectored(
@@ -559,7 +732,10 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.wrote(&polled);
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -567,7 +743,14 @@ impl AsyncWrite for Watched {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_flush(cx);
+        match polled {
+            Poll::Pending => this.conn.write_blocked(),
+            Poll::Ready(Ok(())) => this.conn.write_progressed(),
+            Poll::Ready(Err(_)) => {}
+        }
+        polled
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -616,22 +799,27 @@ impl Registry {
     }
 }
 
+/// Evicts the connection waiting the longest for a request. Each one is
+/// decided under its own lock (see `Conn::try_evict`): one that started a
+/// request since it was listed is skipped for the next.
 fn evict_longest_idle(open: &mut Open) -> bool {
-    let longest = open
+    let mut waiting: Vec<(Instant, u64)> = open
         .conns
         .iter()
         .filter(|(_, (_, evicted))| !evicted)
         .filter_map(|(id, (conn, _))| conn.waiting_since().map(|since| (since, *id)))
-        .min();
-    let Some((_, id)) = longest else {
-        return false;
-    };
-    if let Some((conn, evicted)) = open.conns.get_mut(&id) {
-        *evicted = true;
-        conn.evict.cancel();
+        .collect();
+    waiting.sort_unstable();
+    for (_, id) in waiting {
+        if let Some((conn, evicted)) = open.conns.get_mut(&id)
+            && conn.try_evict()
+        {
+            *evicted = true;
+            open.live -= 1;
+            return true;
+        }
     }
-    open.live -= 1;
-    true
+    false
 }
 
 /// Removes its connection from the registry when the task ends.
@@ -648,5 +836,111 @@ impl Drop for Registered {
         {
             open.live -= 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use axum::routing::get;
+    use std::sync::atomic::AtomicUsize;
+
+    fn limits() -> Limits {
+        Limits {
+            max: 2,
+            idle: Duration::from_secs(60),
+            header: Duration::from_secs(10),
+            body: Duration::from_secs(30),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_on_an_evicted_connection_gets_503_and_is_not_routed() {
+        let routed = Arc::new(AtomicUsize::new(0));
+        let router = Router::new().route(
+            "/",
+            get({
+                let routed = routed.clone();
+                move || async move {
+                    routed.fetch_add(1, Ordering::Relaxed);
+                    "routed"
+                }
+            }),
+        );
+        let open = Registry::default();
+        let (_, conn) = open.admit(2, CancellationToken::new()).unwrap();
+        // The head is arriving when the cap evicts it, and completes before
+        // the connection's task closes it.
+        conn.bytes_arrived();
+        assert!(open.evict_longest_idle());
+        assert!(conn.evict.is_cancelled());
+        let Ok(response) = handle(
+            Request::new(Body::empty()),
+            router.clone(),
+            conn.clone(),
+            limits(),
+        )
+        .await;
+        assert_eq!(response.status(), 503);
+        assert_eq!(response.headers()[header::CONNECTION], "close");
+        let body = axum::body::to_bytes(Body::new(response.into_body()), 4096)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"]["code"], "connection_evicted");
+        assert_eq!(routed.load(Ordering::Relaxed), 0, "never routed");
+
+        // A connection that was not evicted is routed.
+        let (_, other) = open.admit(2, CancellationToken::new()).unwrap();
+        let Ok(response) = handle(Request::new(Body::empty()), router, other, limits()).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(routed.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn eviction_skips_a_connection_that_started_a_request_or_is_still_sending() {
+        let open = Registry::default();
+        let (_, oldest) = open.admit(3, CancellationToken::new()).unwrap();
+        let (_, sending) = open.admit(3, CancellationToken::new()).unwrap();
+        let (_, newest) = open.admit(3, CancellationToken::new()).unwrap();
+        let busy = Busy::enter(oldest.clone()).unwrap();
+        // `sending` finished its answer but the client has not read it all.
+        drop(Busy::enter(sending.clone()).unwrap());
+        sending.write_blocked();
+        assert_eq!(sending.deadline(&limits()), None, "no timer while sending");
+        let (_, fourth) = open.admit(3, CancellationToken::new()).unwrap();
+        assert!(newest.evict.is_cancelled(), "the one waiting was evicted");
+        let _fourth = Busy::enter(fourth).unwrap();
+        assert!(!oldest.evict.is_cancelled() && !sending.evict.is_cancelled());
+        assert!(
+            Busy::enter(newest.clone()).is_none(),
+            "an evicted connection never becomes busy"
+        );
+        // Now every live connection is busy or sending: a new one is refused.
+        assert!(open.admit(3, CancellationToken::new()).is_none());
+        drop(busy);
+        // Once the rest is sent, idle (and evictable) again, from now.
+        sending.write_progressed();
+        assert!(sending.deadline(&limits()).is_some());
+    }
+
+    #[test]
+    fn bytes_of_a_next_request_while_busy_leave_busy_in_the_head() {
+        let conn = Arc::new(Conn::new(CancellationToken::new()));
+        let limits = limits();
+        // Body bytes while busy are the request's own.
+        let busy = Busy::enter(conn.clone()).unwrap();
+        conn.bytes_arrived();
+        drop(busy);
+        let idle = conn.deadline(&limits).unwrap();
+        assert!(idle > Instant::now() + limits.header, "idle: {idle:?}");
+        // After the body, they are the next request's head.
+        let busy = Busy::enter(conn.clone()).unwrap();
+        conn.body_done();
+        conn.bytes_arrived();
+        drop(busy);
+        let head = conn.deadline(&limits).unwrap();
+        assert!(head <= Instant::now() + limits.header, "head: {head:?}");
     }
 }
