@@ -247,7 +247,7 @@ pub use rein_runtime::{
 pub use rein_runtime_contract::CancellationToken;
 pub use rein_runtime_contract::event::CollectingSink;
 pub use rein_runtime_contract::lifecycle::TerminationReason;
-pub use rein_runtime_contract::spec::{AgentSpec, ModelSpec};
+pub use rein_runtime_contract::spec::{AgentSpec, ModelSpec, SubagentContext, SubagentSpec};
 
 /// The names a typical Rein program uses. Nothing in it is named `Result`,
 /// `Error`, `spec` or `request`: `use rein::prelude::*;` shadows nothing in
@@ -274,7 +274,7 @@ pub mod prelude {
     };
     pub use rein_runtime_contract::message::{CacheUsage, Message, Role, TokenUsage, ToolCall};
     pub use rein_runtime_contract::phase::Phase;
-    pub use rein_runtime_contract::spec::{AgentSpec, ModelSpec};
+    pub use rein_runtime_contract::spec::{AgentSpec, ModelSpec, SubagentContext, SubagentSpec};
     pub use rein_runtime_contract::state::{StateError, StateKey};
     pub use rein_runtime_contract::tool::{
         Tool, ToolContext, ToolDescriptor, ToolError, ToolOutput,

@@ -200,6 +200,36 @@ pub enum AgentEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         round_run_id: Option<String>,
     },
+    /// A sub-agent call started a child run (on the parent's run; the
+    /// child's own events follow, with the child's `run_id`, until its
+    /// `subagent_finished`).
+    SubagentStarted {
+        /// The parent run.
+        run_id: String,
+        /// The parent's thread.
+        thread_id: String,
+        /// The parent's tool call that started the child.
+        call_id: String,
+        /// The child run.
+        child_run_id: String,
+        /// The child's thread.
+        child_thread_id: String,
+        /// The child's agent.
+        agent_id: String,
+    },
+    /// A child run ended; its termination is the parent's tool result.
+    SubagentFinished {
+        /// The parent run.
+        run_id: String,
+        /// The parent's thread.
+        thread_id: String,
+        /// The parent's tool call that started the child.
+        call_id: String,
+        /// The child run.
+        child_run_id: String,
+        /// How the child ended.
+        termination: TerminationReason,
+    },
     /// The run ended. Always the last event of a run, exactly once.
     RunFinished {
         /// The run.
@@ -248,6 +278,8 @@ impl AgentEvent {
             Self::ContextCompacted { .. } => "context_compacted",
             Self::ContextSummarized { .. } => "context_summarized",
             Self::Progress { .. } => "progress",
+            Self::SubagentStarted { .. } => "subagent_started",
+            Self::SubagentFinished { .. } => "subagent_finished",
             Self::RunFinished { .. } => "run_finished",
         }
     }
@@ -268,6 +300,8 @@ impl AgentEvent {
             | Self::ContextCompacted { run_id, .. }
             | Self::ContextSummarized { run_id, .. }
             | Self::Progress { run_id, .. }
+            | Self::SubagentStarted { run_id, .. }
+            | Self::SubagentFinished { run_id, .. }
             | Self::RunFinished { run_id, .. } => run_id,
         }
     }
@@ -288,6 +322,8 @@ impl AgentEvent {
             | Self::ContextCompacted { thread_id, .. }
             | Self::ContextSummarized { thread_id, .. }
             | Self::Progress { thread_id, .. }
+            | Self::SubagentStarted { thread_id, .. }
+            | Self::SubagentFinished { thread_id, .. }
             | Self::RunFinished { thread_id, .. } => thread_id,
         }
     }

@@ -589,6 +589,46 @@ pub struct StopReport {
     /// How to continue, when there is something to say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hint: Option<String>,
+    /// The run's sub-agent runs, in the order they ended (their usage is
+    /// part of the run's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<ChildRun>,
+}
+
+/// One child run in its parent's [`StopReport`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ChildRun {
+    /// The child run.
+    pub run_id: String,
+    /// Its agent.
+    pub agent_id: String,
+    /// How it ended: `natural_end`, `cancelled`, `error` or the stop code.
+    pub code: String,
+    /// Inferences it made.
+    pub rounds: u32,
+    /// What it used (its own children included).
+    pub usage: crate::message::TokenUsage,
+}
+
+impl ChildRun {
+    /// The child `run_id` of `agent_id`, ended with `code` after `rounds`
+    /// inferences that used `usage`.
+    pub fn new(
+        run_id: impl Into<String>,
+        agent_id: impl Into<String>,
+        code: impl Into<String>,
+        rounds: u32,
+        usage: crate::message::TokenUsage,
+    ) -> Self {
+        Self {
+            run_id: run_id.into(),
+            agent_id: agent_id.into(),
+            code: code.into(),
+            rounds,
+            usage,
+        }
+    }
 }
 
 impl StopReport {
@@ -607,6 +647,7 @@ impl StopReport {
             tool_calls: Vec::new(),
             resumable: true,
             hint: None,
+            children: Vec::new(),
         }
     }
 

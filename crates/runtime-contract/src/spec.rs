@@ -61,6 +61,123 @@ pub struct AgentSpec {
     /// Per-tool rules of the tool-call loop detectors, by tool name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tool_rules: BTreeMap<String, ToolLoopRule>,
+    /// Other agents this one may hand tasks to, each as a tool
+    /// `{ "task": string }` (see [`SubagentSpec`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subagents: Vec<SubagentSpec>,
+}
+
+/// What a sub-agent sees of its parent's conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubagentContext {
+    /// Only the task it is given (communication).
+    #[default]
+    Isolated,
+    /// The parent's history up to the call, then the task, under the
+    /// sub-agent's own system prompt and tools.
+    Shared,
+}
+
+/// One sub-agent of an agent: another agent of the runtime, called by the
+/// parent's model as a tool `{ "task": string }`.
+///
+/// A call runs the agent as a child run on a thread of its own; its end
+/// (whatever ended it) is the call's result, and the parent goes on. Its
+/// limits default to, and are capped by, what the parent has left.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct SubagentSpec {
+    /// The agent that runs the task.
+    pub agent: String,
+    /// The tool's name (default: the agent id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// The tool's description, shown to the parent's model.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    /// What the child sees (default `isolated`).
+    #[serde(default)]
+    pub context: SubagentContext,
+    /// Declared outputs the child must emit (name → JSON type: `string`,
+    /// `number`, `integer`, `boolean`, `object`, `array`); the child ends
+    /// with `goal` once it has emitted them all.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub outputs: BTreeMap<String, String>,
+    /// The child's most inferences (capped by what the parent has left).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rounds: Option<usize>,
+    /// The child's deadline (capped by the parent's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+    /// The child's token budget (capped by what the parent's has left).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_budget: Option<u64>,
+}
+
+impl SubagentSpec {
+    /// A sub-agent entry for `agent`: tool named after it, `isolated`, no
+    /// outputs, no limits of its own.
+    pub fn new(agent: impl Into<String>) -> Self {
+        Self {
+            agent: agent.into(),
+            tool: None,
+            description: String::new(),
+            context: SubagentContext::Isolated,
+            outputs: BTreeMap::new(),
+            max_rounds: None,
+            timeout_seconds: None,
+            token_budget: None,
+        }
+    }
+
+    /// The tool's name: `tool`, else the agent id.
+    pub fn tool_name(&self) -> &str {
+        self.tool.as_deref().unwrap_or(&self.agent)
+    }
+
+    /// Names the tool.
+    pub fn with_tool(mut self, name: impl Into<String>) -> Self {
+        self.tool = Some(name.into());
+        self
+    }
+
+    /// Describes the tool to the parent's model.
+    pub fn with_description(mut self, description: impl Into<String>) -> Self {
+        self.description = description.into();
+        self
+    }
+
+    /// Sets what the child sees.
+    pub fn with_context(mut self, context: SubagentContext) -> Self {
+        self.context = context;
+        self
+    }
+
+    /// Declares an output the child must emit, with its JSON type.
+    pub fn with_output(mut self, name: impl Into<String>, json_type: impl Into<String>) -> Self {
+        self.outputs.insert(name.into(), json_type.into());
+        self
+    }
+
+    /// Caps the child's inferences.
+    pub fn with_max_rounds(mut self, rounds: usize) -> Self {
+        self.max_rounds = Some(rounds);
+        self
+    }
+
+    /// Gives the child a deadline.
+    pub fn with_timeout_seconds(mut self, seconds: u64) -> Self {
+        self.timeout_seconds = Some(seconds);
+        self
+    }
+
+    /// Gives the child a token budget.
+    pub fn with_token_budget(mut self, tokens: u64) -> Self {
+        self.token_budget = Some(tokens);
+        self
+    }
 }
 
 impl AgentSpec {
@@ -78,6 +195,7 @@ impl AgentSpec {
             context: None,
             escalation: BTreeMap::new(),
             tool_rules: BTreeMap::new(),
+            subagents: Vec::new(),
         }
     }
 
@@ -121,6 +239,12 @@ impl AgentSpec {
     /// (e.g. `tool_call_loop`), replacing its `on_detect`.
     pub fn with_escalation(mut self, code: impl Into<String>, ladder: Ladder) -> Self {
         self.escalation.insert(code.into(), ladder);
+        self
+    }
+
+    /// Adds a sub-agent: another agent this one may hand tasks to.
+    pub fn with_subagent(mut self, subagent: SubagentSpec) -> Self {
+        self.subagents.push(subagent);
         self
     }
 

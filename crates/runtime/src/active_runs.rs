@@ -45,6 +45,9 @@ pub(crate) struct RunControl {
     /// The tool calls running now, with each call's token (a child of the
     /// run's): cancelling one ends that call alone.
     calls: std::sync::Mutex<Vec<(String, CancellationToken)>>,
+    /// What the run shares with its sub-agent calls (runs of agents with
+    /// sub-agents only).
+    pub(crate) family: OnceLock<Arc<crate::subagents::Family>>,
 }
 
 impl RunControl {
@@ -57,6 +60,7 @@ impl RunControl {
             released: CancellationToken::new(),
             finished: AtomicBool::new(false),
             calls: std::sync::Mutex::default(),
+            family: OnceLock::new(),
         }
     }
 

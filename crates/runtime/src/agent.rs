@@ -28,6 +28,11 @@ pub(crate) enum GuardItem {
 /// Everything one run of an agent needs, shared by all its runs.
 pub(crate) struct Agent {
     pub(crate) spec: AgentSpec,
+    /// Made by the builder for a sub-agent entry with declared outputs;
+    /// not listed among the runtime's agents.
+    pub(crate) hidden: bool,
+    /// The agent's sub-agents, by tool name (also in `tools`).
+    pub(crate) subagents: HashMap<String, Arc<crate::subagents::SubagentTool>>,
     pub(crate) model: ModelSpec,
     pub(crate) executor: Arc<dyn LlmExecutor>,
     pub(crate) tools: HashMap<String, Arc<dyn Tool>>,
@@ -74,6 +79,12 @@ impl Agent {
     /// stuck detectors of `stop_conditions` in list order, then `max_rounds`.
     /// (The other detectors run at their own points; see `detectors`.)
     pub(crate) fn guard_items(spec: &AgentSpec) -> Vec<GuardItem> {
+        Self::guard_items_with(spec, spec.max_rounds)
+    }
+
+    /// [`guard_items`](Self::guard_items) with `max_rounds` in place of
+    /// the spec's (a run's own cap).
+    pub(crate) fn guard_items_with(spec: &AgentSpec, max_rounds: usize) -> Vec<GuardItem> {
         let mut stuck = 0;
         let mut guard: Vec<GuardItem> = spec
             .stop_conditions
@@ -86,9 +97,9 @@ impl Agent {
                 other => stats_policy(other).map(GuardItem::Policy),
             })
             .collect();
-        if spec.max_rounds > 0 {
+        if max_rounds > 0 {
             guard.push(GuardItem::Policy(Arc::new(MaxRoundsPolicy::new(
-                spec.max_rounds,
+                max_rounds,
             ))));
         }
         guard

@@ -28,6 +28,15 @@ pub const DEFAULT_CANCEL_WAIT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
+    /// An agent's sub-agent entry is invalid: an unknown agent, a bad
+    /// output type, or sub-agents that reach their own agent again.
+    #[error("agent \"{agent_id}\": invalid sub-agent: {message}")]
+    InvalidSubagent {
+        /// The agent whose `subagents` has the entry.
+        agent_id: String,
+        /// What is wrong, naming the entry (and the cycle, for one).
+        message: String,
+    },
     /// An agent's context policy is invalid or names an unknown model.
     #[error("agent \"{agent_id}\": invalid context policy: {message}")]
     InvalidContext {
@@ -392,7 +401,23 @@ impl AgentRuntimeBuilder {
     /// (e.g. two listed plugins owning one state key), a tool whose
     /// descriptor name differs from its registration name, or one tool name
     /// from two sources.
-    pub fn build(self) -> Result<AgentRuntime, BuildError> {
+    pub fn build(mut self) -> Result<AgentRuntime, BuildError> {
+        // Sub-agent entries: checked, and those with declared outputs run a
+        // hidden variant of their agent with its own outputs plugin.
+        let plan = crate::subagents::plan(&self.agents)?;
+        let mut hidden = HashSet::new();
+        for (variant, plugin_id, plugin) in plan.variants {
+            hidden.insert(variant.id.clone());
+            self.plugins.push((plugin_id, plugin));
+            self.agents.push(variant);
+        }
+        let own_rounds: HashMap<String, usize> = self
+            .agents
+            .iter()
+            .map(|s| (s.id.clone(), s.max_rounds))
+            .collect();
+        let runtime_cell: Arc<std::sync::OnceLock<std::sync::Weak<crate::runtime::Inner>>> =
+            Arc::default();
         let providers = unique(&self.providers, |id| BuildError::DuplicateProvider {
             provider_id: id.to_owned(),
         })?;
@@ -492,6 +517,34 @@ impl AgentRuntimeBuilder {
                 descriptors.push(descriptor);
                 tools.insert(name, tool);
             }
+            let mut subagents = HashMap::new();
+            for entry in &spec.subagents {
+                let name = entry.tool_name().to_owned();
+                let source = format!("sub-agent entry for agent \"{}\"", entry.agent);
+                if let Some(first) = sources.get(&name) {
+                    return Err(BuildError::DuplicateTool {
+                        name,
+                        first: first.clone(),
+                        second: source,
+                    });
+                }
+                let target = if entry.outputs.is_empty() {
+                    entry.agent.clone()
+                } else {
+                    crate::subagents::variant_id(&spec.id, entry)
+                };
+                let rounds = own_rounds.get(&target).copied().unwrap_or(0);
+                let tool = Arc::new(crate::subagents::SubagentTool::new(
+                    entry.clone(),
+                    target,
+                    rounds,
+                    runtime_cell.clone(),
+                ));
+                sources.insert(name.clone(), source);
+                descriptors.push(tool.descriptor());
+                tools.insert(name.clone(), tool.clone() as Arc<dyn Tool>);
+                subagents.insert(name, tool);
+            }
             check_escalation(&spec)?;
             if let Some(policy) = &spec.context {
                 policy
@@ -530,6 +583,8 @@ impl AgentRuntimeBuilder {
                 hooks[phase.index()].push(entry);
             }
             let agent = Agent {
+                hidden: hidden.contains(&spec.id),
+                subagents,
                 guard: Agent::guard_items(&spec),
                 deadline: Agent::deadline_of(&spec),
                 model: model.clone(),
@@ -545,7 +600,9 @@ impl AgentRuntimeBuilder {
             };
             agents.insert(agent.spec.id.clone(), Arc::new(agent));
         }
-        Ok(AgentRuntime::new(agents, self.config))
+        let runtime = AgentRuntime::new(agents, self.config);
+        let _ = runtime_cell.set(Arc::downgrade(runtime.inner()));
+        Ok(runtime)
     }
 }
 

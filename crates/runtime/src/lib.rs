@@ -42,6 +42,7 @@ mod run;
 mod runtime;
 mod state;
 mod stream;
+mod subagents;
 pub mod telemetry;
 pub mod thread_store;
 pub mod tools;

@@ -22,6 +22,10 @@ pub struct RunRequest {
     pub(crate) tool_choice: Option<ToolChoice>,
     pub(crate) run_id: Option<Arc<str>>,
     pub(crate) token_budget: Option<u64>,
+    pub(crate) max_rounds: Option<usize>,
+    pub(crate) timeout: Option<std::time::Duration>,
+    /// A sub-agent's parent's token pool: the run's tokens count there too.
+    pub(crate) parent_pool: Option<Arc<crate::subagents::budget::Pool>>,
 }
 
 impl std::fmt::Debug for RunRequest {
@@ -35,7 +39,9 @@ impl std::fmt::Debug for RunRequest {
             .field("tool_choice", &self.tool_choice)
             .field("run_id", &self.run_id)
             .field("token_budget", &self.token_budget)
-            .finish()
+            .field("max_rounds", &self.max_rounds)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
     }
 }
 
@@ -51,6 +57,9 @@ impl RunRequest {
             tool_choice: None,
             run_id: None,
             token_budget: None,
+            max_rounds: None,
+            timeout: None,
+            parent_pool: None,
         }
     }
 
@@ -99,6 +108,21 @@ impl RunRequest {
     /// `maxTokens`.
     pub fn with_token_budget(mut self, tokens: u64) -> Self {
         self.token_budget = Some(tokens);
+        self
+    }
+
+    /// A cap on this run's inferences: with the agent's `max_rounds`, the
+    /// smaller holds (a sub-agent gets what its parent has left).
+    pub fn with_max_rounds(mut self, rounds: usize) -> Self {
+        self.max_rounds = Some(rounds);
+        self
+    }
+
+    /// A deadline for this run, from its start: with the agent's `timeout`
+    /// condition, the sooner holds. Passing it stops the run with
+    /// `timeout`, as the agent's own would.
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = Some(timeout);
         self
     }
 

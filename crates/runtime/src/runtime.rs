@@ -225,6 +225,16 @@ impl Inner {
         await_run(handle).await
     }
 
+    /// Runs a sub-agent's child run to its end (its thread is its own, so
+    /// it is never busy). Dropping the future cancels the child.
+    pub(crate) async fn run_child(
+        &self,
+        request: RunRequest,
+    ) -> Result<AgentRunResult, RuntimeError> {
+        let handle = self.start_run(request, None, None)?;
+        await_run(handle).await
+    }
+
     /// [`start`](Self::start) for a caller that does not wait for a busy
     /// thread: busy is [`RuntimeError::ThreadAlreadyRunning`].
     fn start_run(
@@ -362,6 +372,9 @@ impl Inner {
             event_sink,
             tool_choice,
             token_budget,
+            max_rounds,
+            timeout,
+            parent_pool,
             ..
         } = request;
         let sink = event_sink
@@ -376,6 +389,9 @@ impl Inner {
             backoff: self.config.backoff,
             tool_choice,
             token_budget,
+            max_rounds,
+            timeout,
+            parent_pool,
             trace_content: self.config.trace_content,
         };
         let span = telemetry::run_span(&setup.agent.spec.id, &thread_id, &run_id);
@@ -668,9 +684,19 @@ impl AgentRuntime {
 
     /// The ids of the runtime's agents, sorted.
     pub fn agent_ids(&self) -> Vec<&str> {
-        let mut ids: Vec<&str> = self.inner.agents.keys().map(String::as_str).collect();
+        let mut ids: Vec<&str> = self
+            .inner
+            .agents
+            .values()
+            .filter(|a| !a.hidden)
+            .map(|a| a.spec.id.as_str())
+            .collect();
         ids.sort_unstable();
         ids
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
     }
 
     /// The descriptors of the tools an agent can call (its own, its

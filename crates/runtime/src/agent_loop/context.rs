@@ -61,6 +61,26 @@ impl Run {
         }
         let prompt = context.estimate();
         let need = prompt + reserve;
+        if need <= remaining
+            && let Some(pool) = &self.pool
+        {
+            // The tree's budget: reserved in every ancestor's pool, so
+            // siblings running at once cannot pass it together.
+            match pool.reserve(need) {
+                Ok(()) => self.reserved = need,
+                Err(refused) => {
+                    return Some(TerminationReason::stopped(
+                        "token_budget",
+                        format!(
+                            "the next inference was not sent: it would need about {need} tokens (a prompt of about {prompt} estimated + {reserve} reserved for the answer) but run \"{}\" has {} of its {}-token budget left for its whole tree",
+                            refused.run_id,
+                            refused.limit.saturating_sub(refused.used),
+                            refused.limit
+                        ),
+                    ));
+                }
+            }
+        }
         (need > remaining).then(|| {
             TerminationReason::stopped(
                 "token_budget",

@@ -116,8 +116,20 @@ impl Run {
             sink: self.events.then_some(&self.sink),
         };
         let failed = failed.map(|e| e as &dyn std::fmt::Display);
-        self.judge
-            .guard(&self.agent.guard, stats, failed, &mut acting);
+        let items = self.guard.as_deref().unwrap_or(&self.agent.guard);
+        self.judge.guard(items, stats, failed, &mut acting);
+    }
+
+    /// Replaces the tokens reserved in the tree's pool for the inference
+    /// that just ended by what it spent (`None`: unknown, the reservation
+    /// stands).
+    pub(super) fn settle_pool(&mut self, spent: Option<u64>) {
+        let reserved = std::mem::take(&mut self.reserved);
+        if let Some(pool) = &self.pool
+            && reserved > 0
+        {
+            pool.settle(reserved, spent.unwrap_or(reserved));
+        }
     }
 
     /// Streams one inference, racing every await against cancellation and
@@ -252,6 +264,8 @@ impl Run {
         &mut self,
         error: InferenceError,
     ) -> Option<TerminationReason> {
+        // A failed attempt spent nothing the provider reports.
+        self.settle_pool(Some(0));
         let at = self.started.elapsed();
         if let Ok(stats) = self.state.get_mut::<StopStatsKey>() {
             let mut acting = Acting {
@@ -324,6 +338,7 @@ impl Run {
         &mut self,
         response: InferenceResponse,
     ) -> Option<TerminationReason> {
+        self.settle_pool(response.usage.map(|u| u.total()));
         match response.usage {
             Some(usage) => {
                 self.usage.add(usage);

@@ -41,12 +41,15 @@ pub(crate) use backoff::RetryBackoff;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rein_runtime_contract::event::{AgentEvent, CancelCause, EventSink};
 use rein_runtime_contract::inference::{
     InferenceError, InferenceRequest, InferenceResponse, ToolChoice,
 };
-use rein_runtime_contract::lifecycle::{IncompleteToolCall, TerminationReason, ToolCallStatus};
+use rein_runtime_contract::lifecycle::{
+    ChildRun, IncompleteToolCall, TerminationReason, ToolCallStatus,
+};
 use rein_runtime_contract::message::{CacheUsage, Message, TokenUsage, ToolCall, ToolResult};
 use rein_runtime_contract::phase::Phase;
 use tokio::time::Instant;
@@ -60,6 +63,8 @@ use crate::plugins::EmittedOutputs;
 use crate::policies::StopStatsKey;
 use crate::run::AgentRunResult;
 use crate::state::RunState;
+use crate::subagents::Family;
+use crate::subagents::budget::Pool;
 use inference::Inference;
 use judge::Judge;
 
@@ -79,6 +84,12 @@ pub(crate) struct RunSetup {
     pub(crate) tool_choice: Option<ToolChoice>,
     /// The request's own token budget.
     pub(crate) token_budget: Option<u64>,
+    /// The request's own cap on inferences.
+    pub(crate) max_rounds: Option<usize>,
+    /// The request's own deadline.
+    pub(crate) timeout: Option<Duration>,
+    /// A sub-agent's parent's token pool.
+    pub(crate) parent_pool: Option<Arc<Pool>>,
     /// Whether spans record message contents.
     pub(crate) trace_content: bool,
 }
@@ -95,6 +106,9 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         backoff,
         tool_choice,
         token_budget,
+        max_rounds,
+        timeout,
+        parent_pool,
         trace_content,
     } = setup;
     let mut request = InferenceRequest::new(agent.model.upstream_model.clone(), Vec::new());
@@ -108,8 +122,15 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
     let mut state = RunState::new(&agent.keys);
     state.ensure::<StopStatsKey>();
     let started = Instant::now();
-    // A deadline too far away to represent is no deadline.
-    let deadline = agent.deadline.and_then(|d| started.checked_add(d));
+    // The sooner of the agent's deadline and the request's; one too far
+    // away to represent is no deadline.
+    let time_limit = agent.deadline.into_iter().chain(timeout).min();
+    let deadline = time_limit.and_then(|d| started.checked_add(d));
+    // The request's cap on rounds, when it is below the agent's.
+    let max_rounds =
+        max_rounds.filter(|&n| agent.spec.max_rounds == 0 || n < agent.spec.max_rounds);
+    let guard = max_rounds.map(|n| Agent::guard_items_with(&agent.spec, n));
+    let max_rounds = max_rounds.unwrap_or(agent.spec.max_rounds);
     let watchdog = DeadlineWatchdog::start(&control, deadline);
     let run_budget = agent
         .context
@@ -118,6 +139,17 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         .into_iter()
         .chain(token_budget)
         .min();
+    // The run's own pool when it has a budget (under its parent's, for a
+    // sub-agent), else its parent's: its tokens count in every ancestor.
+    let pool = match run_budget {
+        Some(limit) => Some(Pool::new(control.run_id.clone(), limit, parent_pool)),
+        None => parent_pool,
+    };
+    if !agent.subagents.is_empty() {
+        let rounds_left = (max_rounds > 0).then_some(max_rounds);
+        let family = Family::new(sink.clone(), pool.clone(), deadline, rounds_left);
+        let _ = control.family.set(Arc::new(family));
+    }
     let context = match (&agent.context, token_budget) {
         (None, None) => None,
         (setup, budget) => {
@@ -147,6 +179,12 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         persisted: 0,
         incomplete: Vec::new(),
         token_budget: run_budget,
+        pool,
+        reserved: 0,
+        guard,
+        max_rounds,
+        time_limit,
+        children: Vec::new(),
         state,
         directives: Directives::default(),
         started,
@@ -201,6 +239,18 @@ struct Run {
     incomplete: Vec<IncompleteToolCall>,
     /// The run's token budget (the agent's and the request's smaller).
     token_budget: Option<u64>,
+    /// The tree's token pool this run spends from, if any.
+    pool: Option<Arc<Pool>>,
+    /// Tokens reserved in `pool` for the inference in flight.
+    reserved: u64,
+    /// The guard's checks when the request capped `max_rounds`.
+    guard: Option<Vec<crate::agent::GuardItem>>,
+    /// The run's cap on inferences (0: unbounded).
+    max_rounds: usize,
+    /// The run's deadline, from its start.
+    time_limit: Option<Duration>,
+    /// The sub-agent runs that ended, in order.
+    children: Vec<ChildRun>,
     state: RunState,
     directives: Directives,
     started: Instant,
@@ -356,7 +406,7 @@ impl Run {
 
     /// The reason a cancelled run ends with.
     fn cancelled_reason(&self) -> TerminationReason {
-        match (self.control.cause(), self.agent.deadline) {
+        match (self.control.cause(), self.time_limit) {
             (Some(CancelCause::Deadline), Some(limit)) => TerminationReason::stopped(
                 "timeout",
                 format!(

@@ -15,6 +15,7 @@ impl Run {
         let mut report = StopReport::new(reason);
         report.limits = self.limits();
         report.tool_calls = self.incomplete.clone();
+        report.children = self.children.clone();
         let uncertain = report.uncertain_calls().next().is_some();
         report.resumable = !uncertain;
         report.hint = hint(reason, &report);
@@ -37,7 +38,7 @@ impl Run {
             _ => None,
         })
         .into_iter()
-        .chain((spec.max_rounds > 0).then_some(spec.max_rounds as u64))
+        .chain((self.max_rounds > 0).then_some(self.max_rounds as u64))
         .min();
         if let Some(limit) = rounds {
             limits.push(LimitUsage::new(
@@ -55,7 +56,7 @@ impl Run {
                 "tokens",
             ));
         }
-        if let Some(deadline) = self.agent.deadline {
+        if let Some(deadline) = self.time_limit {
             let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
             limits.push(LimitUsage::new(
                 "timeout",

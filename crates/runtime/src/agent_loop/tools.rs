@@ -60,7 +60,24 @@ impl Run {
         let trace_content = self.trace_content;
         let span = telemetry::tool_span(&name, &call_id, &args, trace_content);
         let span_in = span.clone();
+        let subagent = self.agent.subagents.get(&call.name).cloned();
         async move {
+            // A sub-agent call is not dropped on cancel: its child's token
+            // is a child of the call's, so the child ends at once, and the
+            // call ends after it (a run releases its thread after its
+            // children released theirs).
+            if let Some(subagent) = subagent {
+                let ended = subagent.call(&args, &ctx).await;
+                let error_type = ended.is_error.then_some("subagent");
+                telemetry::record_tool_outcome(&span_in, error_type, &ended.content, trace_content);
+                let result = ToolResult {
+                    call_id,
+                    name,
+                    content: ended.content,
+                    is_error: ended.is_error,
+                };
+                return (result, None);
+            }
             let outcome = tokio::select! {
                 biased;
                 () = token.cancelled() => None,
@@ -198,21 +215,33 @@ impl Run {
         // Calls whose futures were dropped before they finished.
         let mut stopped: Vec<usize> = Vec::new();
         let first_incomplete = self.incomplete.len();
+        if !cut && let Some(family) = self.control.family.get() {
+            let left =
+                (self.max_rounds > 0).then(|| self.max_rounds.saturating_sub(self.steps as usize));
+            family.update(left, &self.request.messages);
+        }
         if let ([(i, tool)], false) = (ready.as_slice(), cut) {
             // A single call runs on the run's own task: no spawn, no
             // cross-task wake-up. Dropping it on cancellation is what an
             // abort would do to a spawned task.
             let i = *i;
             let call = self.tool_future(tool.clone(), &calls[i]);
-            tokio::select! {
-                biased;
-                _ = interrupted(&self.control) => {
-                    cut = true;
-                    stopped.push(i);
-                }
-                (result, status) = call => {
-                    self.record_stopped(&result, status);
-                    results[i] = Some(result);
+            if self.agent.subagents.contains_key(&calls[i].name) {
+                let (result, status) = call.await;
+                self.record_stopped(&result, status);
+                results[i] = Some(result);
+                cut = self.control.token.is_cancelled();
+            } else {
+                tokio::select! {
+                    biased;
+                    _ = interrupted(&self.control) => {
+                        cut = true;
+                        stopped.push(i);
+                    }
+                    (result, status) = call => {
+                        self.record_stopped(&result, status);
+                        results[i] = Some(result);
+                    }
                 }
             }
             ready.clear();
@@ -233,7 +262,12 @@ impl Run {
                 })
                 .collect()
         };
-        let aborts: Vec<_> = pending.iter().map(|(_, h)| h.abort_handle()).collect();
+        // Sub-agent calls are not aborted: they end once their child did.
+        let aborts: Vec<_> = pending
+            .iter()
+            .filter(|(i, _)| !self.agent.subagents.contains_key(&calls[*i].name))
+            .map(|(_, h)| h.abort_handle())
+            .collect();
         let mut running: FuturesUnordered<_> = pending
             .into_iter()
             .map(|(i, handle)| async move { (i, handle.await) })
@@ -256,6 +290,13 @@ impl Run {
             }
         }
         self.control.calls_ended();
+        if let Some(family) = self.control.family.get() {
+            // The children's usage is the run's too.
+            for (child, usage) in family.take_children() {
+                self.usage.add(usage);
+                self.children.push(child);
+            }
+        }
         for i in stopped {
             results[i] = Some(self.cut_result(&calls[i]));
         }
