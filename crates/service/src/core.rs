@@ -25,7 +25,7 @@ use crate::settings::ServiceSettings;
 #[derive(Debug)]
 pub(crate) struct Core {
     pub(crate) runtime: AgentRuntime,
-    pub(crate) records: Records,
+    pub(crate) records: Arc<Records>,
     pub(crate) settings: ServiceSettings,
     /// Cancelled when the service shuts down.
     pub(crate) closing: CancellationToken,
@@ -37,7 +37,7 @@ impl Core {
     pub(crate) fn new(runtime: AgentRuntime, settings: ServiceSettings) -> Arc<Self> {
         Arc::new(Self {
             runtime,
-            records: Records::new(settings.retention),
+            records: Arc::new(Records::new(settings.retention)),
             settings,
             closing: CancellationToken::new(),
             shutting_down: AtomicBool::new(false),

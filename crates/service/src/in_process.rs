@@ -357,6 +357,10 @@ impl Mode for InProcess {
                 TerminationReason::Cancelled,
                 Some(CancelCause::Requested),
             ),
+            // A sub-agent's run: the runtime's token of that run alone.
+            None if entry.parent.is_some() => {
+                self.core.runtime.cancel_run(run_id);
+            }
             // Running, or about to start: its token ends it either way.
             None => entry.cancellation().cancel(),
         }

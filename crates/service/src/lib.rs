@@ -60,6 +60,7 @@ mod in_process;
 mod mode;
 mod records;
 mod settings;
+mod subagents;
 mod submission;
 
 use std::sync::Arc;

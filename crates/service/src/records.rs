@@ -83,6 +83,15 @@ pub struct RunRecord {
     /// complete, whether the thread can be resumed safely, a hint).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report: Option<StopReport>,
+    /// For a sub-agent's run: the run whose tool call started it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<String>,
+    /// For a sub-agent's run: that tool call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_call_id: Option<String>,
+    /// The sub-agent runs this run started, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<String>,
 }
 
 /// One event of a run's log: the event itself (what AG-UI translates)
@@ -169,6 +178,8 @@ pub struct RunEntry {
     driven_here: std::sync::atomic::AtomicBool,
     /// Whether a follower copies it from the database.
     followed: std::sync::atomic::AtomicBool,
+    /// For a sub-agent's run: its parent run and the parent's tool call.
+    pub(crate) parent: Option<(String, String)>,
 }
 
 #[derive(Debug)]
@@ -176,6 +187,8 @@ struct EntryState {
     status: RunStatus,
     result: Option<AgentRunResult>,
     events: Vec<Arc<LoggedEvent>>,
+    /// The sub-agent runs it started.
+    children: Vec<String>,
 }
 
 impl RunEntry {
@@ -198,11 +211,18 @@ impl RunEntry {
                 status,
                 result: None,
                 events: Vec::new(),
+                children: Vec::new(),
             }),
             changed: watch::channel(0).0,
             driven_here: std::sync::atomic::AtomicBool::new(false),
             followed: std::sync::atomic::AtomicBool::new(false),
+            parent: None,
         })
+    }
+
+    /// Notes a sub-agent run this run started.
+    pub(crate) fn add_child(&self, run_id: &str) {
+        self.state().children.push(run_id.to_owned());
     }
 
     fn state(&self) -> MutexGuard<'_, EntryState> {
@@ -212,7 +232,7 @@ impl RunEntry {
     /// The record as served.
     pub fn record(&self) -> RunRecord {
         let state = self.state();
-        match &state.result {
+        let mut record = match &state.result {
             Some(result) => finished_record(&self.run_id, &self.thread_id, &self.agent_id, result),
             None => RunRecord {
                 run_id: self.run_id.clone(),
@@ -226,8 +246,17 @@ impl RunEntry {
                 cache_usage: None,
                 cancel_cause: None,
                 report: None,
+                parent_run_id: None,
+                parent_call_id: None,
+                children: Vec::new(),
             },
+        };
+        if let Some((run, call)) = &self.parent {
+            record.parent_run_id = Some(run.clone());
+            record.parent_call_id = Some(call.clone());
         }
+        record.children.clone_from(&state.children);
+        record
     }
 
     /// The run's parent token.
@@ -442,6 +471,28 @@ impl Records {
             .clone()
     }
 
+    /// A new running entry for a sub-agent's run started by `parent`'s
+    /// tool call `call_id`; `None` if the id is taken.
+    pub(crate) fn create_child(
+        &self,
+        run_id: &str,
+        thread_id: &str,
+        agent_id: &str,
+        parent: (&str, &str),
+    ) -> Option<Arc<RunEntry>> {
+        let mut inner = self.inner();
+        if inner.runs.contains_key(run_id) {
+            return None;
+        }
+        let mut entry = RunEntry::new(run_id, thread_id, agent_id, None, RunStatus::Running);
+        if let Some(e) = Arc::get_mut(&mut entry) {
+            e.parent = Some((parent.0.to_owned(), parent.1.to_owned()));
+        }
+        entry.set_driven_here();
+        inner.runs.insert(run_id.to_owned(), entry.clone());
+        Some(entry)
+    }
+
     /// A new entry (queued or running); `None` if the id is taken.
     pub(crate) fn create(
         &self,
@@ -484,12 +535,15 @@ impl Records {
             .clone()
     }
 
-    /// The sink that logs a run's events and sends them to its thread's tail.
-    pub(crate) fn sink(&self, entry: &Arc<RunEntry>) -> Arc<dyn EventSink> {
+    /// The sink that logs a run's events and sends them to its thread's
+    /// tail; the events of its sub-agents' runs also make and feed their
+    /// own entries ([`crate::subagents`]).
+    pub(crate) fn sink(self: &Arc<Self>, entry: &Arc<RunEntry>) -> Arc<dyn EventSink> {
         Arc::new(RunSink {
             entry: entry.clone(),
             tail: self.tail(&entry.thread_id),
             recorder: self.recorder.get().map(|r| r.0.clone()),
+            tree: crate::subagents::Tree::new(self.clone()),
         })
     }
 
@@ -523,6 +577,19 @@ impl Records {
         let dropped = self.evict(&mut inner, Instant::now());
         Self::tidy_tail(&mut inner, &entry.thread_id);
         dropped
+    }
+
+    /// Marks a sub-agent's run finished; retention counts it like any
+    /// run, applied at the next finish or sweep (whose dropped keys the
+    /// mode forgets).
+    pub(crate) fn finish_child(&self, entry: &RunEntry, result: AgentRunResult) {
+        if entry.close(result) {
+            let mut inner = self.inner();
+            inner
+                .finished
+                .push_back((Instant::now(), entry.run_id.clone()));
+            Self::tidy_tail(&mut inner, &entry.thread_id);
+        }
     }
 
     /// Drops a thread's tail that nobody holds (no run's sink, no
@@ -632,6 +699,9 @@ pub(crate) fn finished_record(
         cache_usage: result.cache_usage,
         cancel_cause: result.cancel_cause.clone(),
         report: Some(result.report.clone()),
+        parent_run_id: None,
+        parent_call_id: None,
+        children: Vec::new(),
     }
 }
 
@@ -650,6 +720,7 @@ struct RunSink {
     entry: Arc<RunEntry>,
     tail: Arc<ThreadTail>,
     recorder: Option<Arc<dyn EventSink>>,
+    tree: crate::subagents::Tree,
 }
 
 impl EventSink for RunSink {
@@ -657,7 +728,19 @@ impl EventSink for RunSink {
         if let Some(recorder) = &self.recorder {
             recorder.emit(event.clone());
         }
+        let descendant = event.run_id() != self.entry.run_id;
+        if descendant || matches!(event, AgentEvent::SubagentStarted { .. }) {
+            self.tree.route(&self.entry, &event);
+        }
         let logged = self.entry.append(event);
         self.tail.send(logged);
+    }
+}
+
+impl RunEntry {
+    /// Logs an event of a descendant run and sends it to `tail`.
+    pub(crate) fn log_to(&self, tail: &ThreadTail, event: AgentEvent) {
+        let logged = self.append(event);
+        tail.send(logged);
     }
 }

@@ -621,6 +621,7 @@ pub const AGENT_SPEC_KEYS: &[&str] = &[
     "context",
     "escalation",
     "tool_rules",
+    "subagents",
 ];
 
 /// Deserializes an agent spec that is one item of a larger YAML document
@@ -751,6 +752,7 @@ impl<'de> Visitor<'de> for AgentSpecVisitor<'_> {
                 "context" => spec.context = Some(map.next_value()?),
                 "escalation" => spec.escalation = map.next_value_seed(EscalationSeed(&listed))?,
                 "tool_rules" => spec.tool_rules = map.next_value_seed(ToolRulesSeed(&listed))?,
+                "subagents" => spec.subagents = map.next_value()?,
                 other => extra.push((other, map.next_value::<serde_yaml::Value>()?)),
             }
         }

@@ -517,6 +517,30 @@ impl Deployment {
                     );
                 }
             }
+            let ids: Vec<&String> = self.agents.iter().map(|a| &a.spec.id).collect();
+            for (j, entry) in agent.spec.subagents.iter().enumerate() {
+                if !ids.contains(&&entry.agent) {
+                    error(
+                        &format!("agents[{i}].subagents[{j}].agent"),
+                        format!(
+                            "agent \"{id}\": sub-agent \"{}\" is not an agent of this file; known agents: {}",
+                            entry.agent,
+                            known(ids.iter().copied())
+                        ),
+                    );
+                }
+                for (name, ty) in &entry.outputs {
+                    if let Err(e) = ty.parse::<rein::plugins::JsonType>() {
+                        error(
+                            &format!("agents[{i}].subagents[{j}].outputs.{name}"),
+                            format!(
+                                "agent \"{id}\": sub-agent \"{}\", output \"{name}\": {e}",
+                                entry.agent
+                            ),
+                        );
+                    }
+                }
+            }
             for (j, tool) in agent.tools.iter().enumerate() {
                 let path = format!("agents[{i}].tools[{j}]");
                 match tool.split_once(MCP_TOOL_SEPARATOR) {
@@ -541,7 +565,59 @@ impl Deployment {
                 }
             }
         }
+        if let Some(cycle) = self.subagent_cycle() {
+            // At the entry that closes the cycle.
+            let from = &cycle[cycle.len() - 2];
+            let to = &cycle[cycle.len() - 1];
+            let path = self.agents.iter().enumerate().find_map(|(i, a)| {
+                let j = a.spec.subagents.iter().position(|e| &e.agent == to)?;
+                (&a.spec.id == from).then(|| format!("agents[{i}].subagents[{j}].agent"))
+            });
+            error(
+                path.as_deref().unwrap_or("agents"),
+                format!(
+                    "sub-agents reach their own agent again: {}; an agent cannot be its own sub-agent, directly or through others",
+                    cycle.join(" → ")
+                ),
+            );
+        }
         errors
+    }
+
+    /// A path `a → b → … → a` through the agents' `subagents`, if any.
+    fn subagent_cycle(&self) -> Option<Vec<String>> {
+        fn visit(
+            at: &str,
+            deployment: &Deployment,
+            path: &mut Vec<String>,
+            done: &mut Vec<String>,
+        ) -> Option<Vec<String>> {
+            if let Some(from) = path.iter().position(|p| p == at) {
+                let mut cycle = path[from..].to_vec();
+                cycle.push(at.to_owned());
+                return Some(cycle);
+            }
+            if done.iter().any(|d| d == at) {
+                return None;
+            }
+            path.push(at.to_owned());
+            for entry in deployment
+                .agent(at)
+                .map(|a| a.spec.subagents.as_slice())
+                .unwrap_or_default()
+            {
+                if let Some(cycle) = visit(&entry.agent, deployment, path, done) {
+                    return Some(cycle);
+                }
+            }
+            path.pop();
+            done.push(at.to_owned());
+            None
+        }
+        let mut done = Vec::new();
+        self.agents
+            .iter()
+            .find_map(|a| visit(&a.spec.id, self, &mut Vec::new(), &mut done))
     }
 }
 
@@ -576,6 +652,7 @@ const AGENT_ITEM_KEYS: &[&str] = &[
     "context",
     "escalation",
     "tool_rules",
+    "subagents",
     "tools",
 ];
 

@@ -191,3 +191,39 @@ fn a_genai_model_name_no_provider_claims_is_a_load_error_at_its_value() {
     );
     assert!(lines[0].contains("`ollama::claud-sonnet-4`"), "{lines:?}");
 }
+
+#[test]
+fn sub_agents_load_and_an_unknown_one_or_a_cycle_is_an_error_at_its_entry() {
+    let good = "providers:\n  p: { kind: scripted, responses: [hi] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - id: lead\n    model_id: m\n    subagents:\n      - agent: researcher\n        tool: research\n        description: \"Research one question.\"\n        context: shared\n        outputs: { summary: string, sources: array }\n        max_rounds: 8\n        timeout_seconds: 120\n        token_budget: 20000\n  - { id: researcher, model_id: m }\n";
+    let d = Deployment::from_yaml(good).unwrap();
+    let entry = &d.agents[0].spec.subagents[0];
+    assert_eq!(entry.tool_name(), "research");
+    assert_eq!(entry.context, rein::SubagentContext::Shared);
+    assert_eq!(entry.outputs["sources"], "array");
+    assert_eq!(entry.max_rounds, Some(8));
+
+    let bad = "providers:\n  p: { kind: scripted, responses: [hi] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - id: a\n    model_id: m\n    subagents: [ { agent: b }, { agent: ghost } ]\n  - id: b\n    model_id: m\n    subagents:\n      - { agent: a, outputs: { n: float } }\n";
+    let lines = errors(bad);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("<text>:8:41: agent \"a\": sub-agent \"ghost\" is not an agent of this file; known agents: a, b")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("output \"n\": unknown JSON type \"float\"")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l
+                .starts_with("<text>:12:18: sub-agents reach their own agent again: a → b → a")),
+        "{lines:?}"
+    );
+    let typo = errors(
+        "providers:\n  p: { kind: scripted, responses: [hi] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - id: a\n    model_id: m\n    subagents: [ { agnt: b } ]\n",
+    );
+    assert!(typo[0].contains("agnt"), "{typo:?}");
+}
