@@ -20,10 +20,13 @@ use rein_runtime_contract::event::AgentEvent;
 
 use crate::records::{Records, RunEntry, ThreadTail};
 
+/// A descendant's entry and its thread's tail.
+type Descendant = (Arc<RunEntry>, Arc<ThreadTail>);
+
 /// The descendants of one root run, by run id.
 pub(crate) struct Tree {
     records: Arc<Records>,
-    runs: Mutex<HashMap<String, (Arc<RunEntry>, Arc<ThreadTail>)>>,
+    runs: Mutex<HashMap<String, Descendant>>,
 }
 
 impl Tree {
