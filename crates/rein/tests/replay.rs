@@ -267,3 +267,57 @@ async fn a_guard_stop_comes_before_the_round_s_tool_errors_in_replay_as_in_a_liv
     assert_eq!(live, [(2, "max_rounds".to_owned(), "stop".to_owned())]);
     assert_eq!(until_first_stop(&recording, &agent), live);
 }
+
+#[tokio::test]
+async fn a_recorded_tree_replays_the_runs_of_the_replayed_agent_only() {
+    let path = std::env::temp_dir().join(format!("rein-replay-tree-{}.jsonl", std::process::id()));
+    let sink = Arc::new(JsonlSink::create(&path).unwrap());
+    let loops: Vec<ScriptedResponse> = (0..4)
+        .map(|_| ScriptedResponse::tool_call("search", json!({"q": "same"})))
+        .chain([ScriptedResponse::text("done")])
+        .collect();
+    let lead = AgentSpec::new("lead")
+        .with_model_id("m-lead")
+        .with_subagent(SubagentSpec::new("worker"));
+    let runtime = AgentRuntimeBuilder::new()
+        .with_agent_spec(lead)
+        .with_agent_spec(AgentSpec::new("worker").with_model_id("m-worker"))
+        .with_model(ModelSpec::new("m-lead", "p-lead", "x"))
+        .with_model(ModelSpec::new("m-worker", "p-worker", "x"))
+        .with_provider(
+            "p-lead",
+            Arc::new(ScriptedExecutor::new(vec![
+                ScriptedResponse::tool_call("worker", json!({"task": "search"})),
+                ScriptedResponse::text("ok"),
+            ])),
+        )
+        .with_provider("p-worker", Arc::new(ScriptedExecutor::new(loops)))
+        .with_tool("search", Arc::new(Echo("search")))
+        .build()
+        .unwrap();
+    runtime
+        .run(
+            RunRequest::new("tree", vec![Message::user("go")]).with_agent_id("lead"),
+            sink.clone(),
+        )
+        .await
+        .unwrap();
+    drop(sink);
+    let recording = read_recording(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let looping = |id: &str| {
+        AgentSpec::new(id).with_stop_condition(StopConditionSpec::ToolCallLoop {
+            threshold: 2,
+            max_cycle: 1,
+            on_detect: rein::contract::lifecycle::OnDetect::Stop,
+        })
+    };
+    // Replaying the worker: its run is there, and the loop fires in it.
+    let worker = replay(&looping("worker"), &recording);
+    assert_eq!(worker.len(), 2, "the root run and the worker's run");
+    assert!(worker.iter().any(|r| !r.firings.is_empty()));
+    // Replaying the lead: the worker's run is not the lead's.
+    let lead = replay(&looping("lead"), &recording);
+    assert_eq!(lead.len(), 1);
+    assert!(lead[0].firings.is_empty());
+}

@@ -3,8 +3,11 @@
 //! The model's text goes to standard output as it streams; everything
 //! about the run — tool calls and results, retries, nudges, auto-mode
 //! progress, and why the run ended — goes to standard error, one line
-//! each, so `program > answer.txt` keeps only the answer.
+//! each, so `program > answer.txt` keeps only the answer. A sub-agent's
+//! lines (its text included, line by line) are indented under the call
+//! that started it, two spaces per level.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Mutex;
 
@@ -44,6 +47,10 @@ const SHOWN_CHARS: usize = 160;
 /// [end] natural_end · 2 rounds · 113 tokens in / 27 out
 /// [end] stopped (max_rounds): … · 16 rounds · …
 /// [end] cancelled (interrupted by run-7) · 3 rounds   (no usage reported)
+/// [subagent] researcher started (run-8)
+///   │ There are two trains.
+///   [end] natural_end · 1 round · 7 tokens in / 3 out
+/// [subagent] researcher ended: natural_end
 /// ```
 pub struct TerminalPrinter {
     out: Mutex<Output>,
@@ -54,6 +61,15 @@ struct Output {
     stderr: Box<dyn Write + Send>,
     /// Whether the last thing written to stdout left a line open.
     open_line: bool,
+    /// Sub-agent runs: their depth (1 for a child of the root), agent and
+    /// the part of their text not printed yet (it is printed by line).
+    children: HashMap<String, Child>,
+}
+
+struct Child {
+    depth: usize,
+    agent: String,
+    text: String,
 }
 
 impl std::fmt::Debug for TerminalPrinter {
@@ -85,6 +101,7 @@ impl TerminalPrinter {
                 stdout: Box::new(text),
                 stderr: Box::new(status),
                 open_line: false,
+                children: HashMap::new(),
             }),
         }
     }
@@ -124,14 +141,78 @@ impl EventSink for TerminalPrinter {
 
 impl Output {
     fn print(&mut self, event: &AgentEvent) -> std::io::Result<()> {
+        if let Some(depth) = self.children.get(event.run_id()).map(|c| c.depth) {
+            let indent = "  ".repeat(depth);
+            let mut lines = Vec::new();
+            if let Some(child) = self.children.get_mut(event.run_id()) {
+                if let AgentEvent::TextDelta { delta, .. } = event {
+                    child.text.push_str(delta);
+                    while let Some(end) = child.text.find('\n') {
+                        let line: String = child.text.drain(..=end).collect();
+                        lines.push(format!("{indent}│ {}", line.trim_end()));
+                    }
+                } else if matches!(event, AgentEvent::RunFinished { .. }) && !child.text.is_empty()
+                {
+                    lines.push(format!("{indent}│ {}", std::mem::take(&mut child.text)));
+                }
+            }
+            if !matches!(event, AgentEvent::TextDelta { .. }) {
+                lines.extend(self.line_for(event).map(|l| format!("{indent}{l}")));
+            }
+            for line in lines {
+                self.status(&line)?;
+            }
+            return Ok(());
+        }
         if let AgentEvent::TextDelta { delta, .. } = event {
             self.stdout.write_all(delta.as_bytes())?;
             self.open_line = !delta.ends_with('\n');
             return self.stdout.flush();
         }
-        let Some(line) = status_line(event) else {
-            return Ok(());
-        };
+        match self.line_for(event) {
+            Some(line) => self.status(&line),
+            None => Ok(()),
+        }
+    }
+
+    /// The stderr line for an event, noting sub-agent runs as they start
+    /// and end.
+    fn line_for(&mut self, event: &AgentEvent) -> Option<String> {
+        match event {
+            AgentEvent::SubagentStarted {
+                run_id,
+                child_run_id,
+                agent_id,
+                ..
+            } => {
+                let depth = self.children.get(run_id).map_or(0, |c| c.depth) + 1;
+                self.children.insert(
+                    child_run_id.clone(),
+                    Child {
+                        depth,
+                        agent: agent_id.clone(),
+                        text: String::new(),
+                    },
+                );
+                Some(format!("[subagent] {agent_id} started ({child_run_id})"))
+            }
+            AgentEvent::SubagentFinished {
+                child_run_id,
+                termination,
+                ..
+            } => {
+                let agent = self
+                    .children
+                    .remove(child_run_id)
+                    .map_or_else(|| child_run_id.clone(), |c| c.agent);
+                Some(format!("[subagent] {agent} ended: {}", termination.code()))
+            }
+            other => status_line(other),
+        }
+    }
+
+    /// Writes one line to stderr, ending stdout's open line first.
+    fn status(&mut self, line: &str) -> std::io::Result<()> {
         if self.open_line {
             // End the streamed text's line before a status line interrupts it.
             self.stdout.write_all(b"\n")?;
@@ -223,6 +304,90 @@ fn shorten(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A writer whose bytes a test reads back.
+    #[derive(Clone, Default)]
+    struct Buffer(std::sync::Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_sub_agent_s_lines_and_text_are_indented_under_its_call_and_off_stdout() {
+        use rein_runtime_contract::message::TokenUsage;
+        let (out, err) = (Buffer::default(), Buffer::default());
+        let printer = TerminalPrinter::with_writers(out.clone(), err.clone());
+        let ids = |run: &str| (run.to_owned(), "t".to_owned());
+        let started = |run: &str, child: &str, agent: &str| AgentEvent::SubagentStarted {
+            run_id: run.to_owned(),
+            thread_id: "t".to_owned(),
+            call_id: "c".to_owned(),
+            child_run_id: child.to_owned(),
+            child_thread_id: "t:c".to_owned(),
+            agent_id: agent.to_owned(),
+        };
+        let text = |run: &str, delta: &str| {
+            let (run_id, thread_id) = ids(run);
+            AgentEvent::TextDelta {
+                run_id,
+                thread_id,
+                delta: delta.to_owned(),
+            }
+        };
+        let end = |run: &str| {
+            let (run_id, thread_id) = ids(run);
+            AgentEvent::RunFinished {
+                run_id,
+                thread_id,
+                termination: TerminationReason::NaturalEnd,
+                response: String::new(),
+                cancel_cause: None,
+                steps: 1,
+                usage: TokenUsage::default(),
+                cache_usage: None,
+                outputs: Default::default(),
+                report: None,
+            }
+        };
+        let finished = |run: &str, child: &str| AgentEvent::SubagentFinished {
+            run_id: run.to_owned(),
+            thread_id: "t".to_owned(),
+            call_id: "c".to_owned(),
+            child_run_id: child.to_owned(),
+            termination: TerminationReason::NaturalEnd,
+        };
+        for event in [
+            started("root", "kid", "researcher"),
+            text("kid", "two "),
+            text("kid", "trains\nand "),
+            started("kid", "grandkid", "clerk"),
+            text("grandkid", "a bus"),
+            end("grandkid"),
+            finished("kid", "grandkid"),
+            text("kid", "a bus"),
+            end("kid"),
+            finished("root", "kid"),
+            text("root", "Done."),
+        ] {
+            printer.print(&event);
+        }
+        let err = String::from_utf8(err.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            err,
+            "[subagent] researcher started (kid)\n  │ two trains\n  [subagent] clerk started (grandkid)\n    │ a bus\n    [end] natural_end · 1 round\n  [subagent] clerk ended: natural_end\n  │ and a bus\n  [end] natural_end · 1 round\n[subagent] researcher ended: natural_end\n"
+        );
+        assert_eq!(
+            String::from_utf8(out.0.lock().unwrap().clone()).unwrap(),
+            "Done."
+        );
+    }
 
     #[test]
     fn shorten_keeps_short_single_lines_and_marks_cuts() {

@@ -9,7 +9,10 @@
 //!
 //! One line per event: `{"at_ms": <ms since the sink was created>, "event":
 //! <the AgentEvent>}`. Runs are told apart by their `run_id`, so one file
-//! can hold many runs, interleaved.
+//! can hold many runs, interleaved. A sub-agent's run (one a
+//! `subagent_started` of the recording names) is replayed only when it is
+//! a run of the replayed agent: a tree's runs of other agents had other
+//! conditions.
 //!
 //! # What replay sees
 //!
@@ -156,8 +159,26 @@ pub struct RunReplay {
 pub fn replay(spec: &AgentSpec, recording: &[Recorded]) -> Vec<RunReplay> {
     let mut order: Vec<&str> = Vec::new();
     let mut runs: BTreeMap<&str, Vec<&Recorded>> = BTreeMap::new();
+    // Sub-agent runs of another agent (a variant made for declared outputs
+    // is `<agent>@<parent>.<tool>`).
+    let others: Vec<&str> = recording
+        .iter()
+        .filter_map(|r| match &r.event {
+            AgentEvent::SubagentStarted {
+                child_run_id,
+                agent_id,
+                ..
+            } if agent_id.split('@').next() != Some(spec.id.as_str()) => {
+                Some(child_run_id.as_str())
+            }
+            _ => None,
+        })
+        .collect();
     for r in recording {
         let id = r.event.run_id();
+        if others.contains(&id) {
+            continue;
+        }
         if !runs.contains_key(id) {
             order.push(id);
         }
