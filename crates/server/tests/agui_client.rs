@@ -1,6 +1,10 @@
 //! AG-UI with the official TypeScript client (`@ag-ui/client`'s
 //! `HttpAgent`, run by node): a conversation over two runs that appends
-//! only new messages, an abort that cancels the run, and an unknown agent.
+//! only new messages, an abort that cancels the run, an unknown agent; and
+//! sub-agents: a child's events between `SUBAGENT_STARTED` and
+//! `SUBAGENT_FINISHED`, an erroring child, an abort and a server-side
+//! cancel mid-tree, concurrent and nested children — each stream accepted
+//! by the client's verifier.
 //!
 //! The client is installed by `.ci/run` (`npm install` into
 //! `$HOME/.cache/rein-npm/agui`); `REIN_AGUI_CLIENT` names its
@@ -148,5 +152,312 @@ async fn an_unknown_agent_is_a_json_404_the_client_reports() {
         error.contains("404") && error.contains("unknown_agent"),
         "{seen}"
     );
+    server.stop().await;
+}
+
+/// Agents for the sub-agent scenarios; the leads, which list sub-agents,
+/// are added in code ([`tree`]).
+const TREE_YAML: &str = r#"
+providers:
+  lead:
+    kind: scripted
+    chunk_delay_ms: 5
+    responses:
+      - { text: "Asking the researcher.", tool_calls: [ { name: researcher, arguments: { task: "find the report" } } ] }
+      - "The researcher found it."
+  research: { kind: scripted, chunk_delay_ms: 5, responses: ["Found the report in the archive."] }
+  lead_err:
+    kind: scripted
+    responses:
+      - { text: "Trying.", tool_calls: [ { name: broken, arguments: { task: "try" } } ] }
+      - "It failed; going on without it."
+  broken: { kind: scripted, responses: [ { error: "model exploded" } ] }
+  lead_slow:
+    kind: scripted
+    responses:
+      - { tool_calls: [ { name: talker, arguments: { task: "talk" } } ] }
+      - "Done."
+  talk: { kind: scripted, chunk_delay_ms: 150, responses: ["this answer takes a long long time to arrive"] }
+  lead_tree:
+    kind: scripted
+    responses:
+      - { text: "Two scouts.", tool_calls: [ { name: scout, arguments: { task: "north" } }, { name: scout, arguments: { task: "south" } } ] }
+      - "Both scouts reported."
+  scout:
+    kind: scripted
+    chunk_delay_ms: 10
+    responses:
+      - { text: "Filing first.", tool_calls: [ { name: clerk, arguments: { task: "file it" } } ] }
+      - "A plain answer, streamed slowly enough to interleave."
+      - "Filed and done."
+  clerk: { kind: scripted, chunk_delay_ms: 5, responses: ["Filed."] }
+models:
+  lead: { provider: lead, model: l }
+  research: { provider: research, model: r }
+  lead_err: { provider: lead_err, model: l }
+  broken: { provider: broken, model: b }
+  lead_slow: { provider: lead_slow, model: l }
+  talk: { provider: talk, model: t }
+  lead_tree: { provider: lead_tree, model: l }
+  scout: { provider: scout, model: s }
+  clerk: { provider: clerk, model: c }
+agents:
+  - { id: researcher, model_id: research }
+  - { id: broken, model_id: broken }
+  - { id: talker, model_id: talk }
+  - { id: clerk, model_id: clerk }
+"#;
+
+/// A server whose leads call sub-agents: `lead` → `researcher`, `lead_err`
+/// → `broken` (its model fails), `lead_slow` → `talker` (streams slowly),
+/// `lead_tree` → two `scout`s at once, one calling `clerk`.
+async fn tree() -> Server {
+    use rein::{AgentSpec, SubagentSpec};
+    let deployment = rein_server::deployment::Deployment::from_yaml(TREE_YAML).unwrap();
+    let lead = |id: &str, child: &str| {
+        AgentSpec::new(id)
+            .with_model_id(id)
+            .with_subagent(SubagentSpec::new(child))
+    };
+    let runtime = rein_server::assemble::builder(&deployment)
+        .unwrap()
+        .with_agent_spec(lead("lead", "researcher"))
+        .with_agent_spec(lead("lead_err", "broken"))
+        .with_agent_spec(lead("lead_slow", "talker"))
+        .with_agent_spec(lead("lead_tree", "scout"))
+        .with_agent_spec(lead("scout", "clerk"))
+        .build()
+        .unwrap();
+    Server::start_runtime(runtime).await
+}
+
+/// The sub-agent scenario's first run: the client accepted it (no error,
+/// no warning), and its events.
+fn accepted(seen: &Value) -> Vec<Value> {
+    assert_eq!(seen["first"]["error"], Value::Null, "{seen}");
+    assert_eq!(seen["warnings"], json!([]), "{seen}");
+    seen["first"]["events"].as_array().unwrap().clone()
+}
+
+fn position(events: &[Value], what: impl Fn(&Value) -> bool) -> usize {
+    events
+        .iter()
+        .position(what)
+        .unwrap_or_else(|| panic!("not in {events:#?}"))
+}
+
+#[tokio::test]
+async fn a_sub_agents_events_reach_the_official_client_between_subagent_started_and_finished() {
+    let Some(modules) = client() else { return };
+    let server = tree().await;
+    let seen = node(&modules, &server.at("/v1/ag-ui/lead"), "subagent").await;
+    let events = accepted(&seen);
+    assert_eq!(events[0]["type"], "RUN_STARTED");
+    assert_eq!(events.last().unwrap()["type"], "RUN_FINISHED");
+    assert_eq!(
+        events.iter().filter(|e| e["type"] == "RUN_STARTED").count(),
+        1
+    );
+    let call = position(&events, |e| {
+        e["type"] == "TOOL_CALL_START" && e["toolCallName"] == "researcher"
+    });
+    let call_id = events[call]["toolCallId"].as_str().unwrap().to_owned();
+    assert_eq!(events[call].get("subagentRunId"), None);
+    let started = position(&events, |e| e["type"] == "SUBAGENT_STARTED");
+    let child = events[started]["subagentRunId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(events[started]["name"], "researcher");
+    assert_eq!(events[started]["parentToolCallId"], call_id.as_str());
+    assert_eq!(events[started].get("parentSubagentRunId"), None);
+    let finished = position(&events, |e| e["type"] == "SUBAGENT_FINISHED");
+    assert_eq!(events[finished]["subagentRunId"], child.as_str());
+    assert_eq!(
+        events[finished]["result"]["response"],
+        "Found the report in the archive."
+    );
+    assert_eq!(
+        events[finished]["result"]["termination"]["type"],
+        "natural_end"
+    );
+    let result = position(&events, |e| {
+        e["type"] == "TOOL_CALL_RESULT" && e["toolCallId"] == call_id.as_str()
+    });
+    assert!(call < started && started < finished && finished < result);
+    // Between its start and its end: the child's own step and text, each
+    // carrying its subagentRunId; nothing of the root's.
+    let inner = &events[started + 1..finished];
+    for kind in [
+        "STEP_STARTED",
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "STEP_FINISHED",
+    ] {
+        assert!(
+            inner.iter().any(|e| e["type"] == kind),
+            "{kind}: {inner:#?}"
+        );
+    }
+    assert!(
+        inner.iter().all(|e| e["subagentRunId"] == child.as_str()),
+        "{inner:#?}"
+    );
+    // The client holds the child's answer as a message of the child's.
+    let messages = seen["messages"].as_array().unwrap();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m["role"] == "assistant" && m["subagentRunId"] == child.as_str()),
+        "{messages:?}"
+    );
+    // The second request sent the child's message back: the root's thread
+    // got only the new user message, and never the child's answer.
+    assert_eq!(seen["second"]["error"], Value::Null, "{seen}");
+    let users = server.user_messages("agui-subagent").await;
+    assert_eq!(users, vec!["look into it", "thanks"]);
+    let (_, history) = server.get("/v1/threads/agui-subagent/messages").await;
+    assert!(
+        !history
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["role"] == "assistant" && m["content"] == "Found the report in the archive."),
+        "{history}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_erroring_sub_agent_is_a_subagent_error_and_the_root_finishes() {
+    let Some(modules) = client() else { return };
+    let server = tree().await;
+    let seen = node(&modules, &server.at("/v1/ag-ui/lead_err"), "subagent-error").await;
+    let events = accepted(&seen);
+    let error = position(&events, |e| e["type"] == "SUBAGENT_ERROR");
+    assert_eq!(events[error]["code"], "error");
+    assert!(
+        events[error]["message"]
+            .as_str()
+            .unwrap()
+            .contains("model exploded"),
+        "{:?}",
+        events[error]
+    );
+    assert!(!events.iter().any(|e| e["type"] == "SUBAGENT_FINISHED"));
+    // The root goes on: the call's result, its answer, RUN_FINISHED.
+    let result = position(&events, |e| e["type"] == "TOOL_CALL_RESULT");
+    let answer = events
+        .iter()
+        .rposition(|e| e["type"] == "TEXT_MESSAGE_START" && e.get("subagentRunId").is_none())
+        .unwrap();
+    assert!(error < result && result < answer);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "RUN_FINISHED");
+    assert_eq!(last["result"]["termination"]["type"], "natural_end");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn aborting_in_the_client_while_a_sub_agent_streams_cancels_the_tree() {
+    let Some(modules) = client() else { return };
+    let server = tree().await;
+    let seen = node(
+        &modules,
+        &server.at("/v1/ag-ui/lead_slow"),
+        "subagent-abort",
+    )
+    .await;
+    let events = accepted(&seen);
+    assert!(
+        events
+            .iter()
+            .any(|e| e["type"] == "TEXT_MESSAGE_CONTENT" && e.get("subagentRunId").is_some()),
+        "{events:#?}"
+    );
+    let record = server.finished("agui-subagent-abort-run").await;
+    assert_eq!(record["termination"]["type"], "cancelled", "{record}");
+    assert_eq!(record["cancel_cause"], json!({"type": "requested"}));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_root_cancelled_mid_tree_ends_its_sub_agent_before_run_finished() {
+    let Some(modules) = client() else { return };
+    let server = tree().await;
+    let seen = node(
+        &modules,
+        &server.at("/v1/ag-ui/lead_slow"),
+        "subagent-cancel",
+    )
+    .await;
+    let events = accepted(&seen);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "RUN_FINISHED", "{events:#?}");
+    assert_eq!(last["outcome"], json!({"type": "cancelled"}));
+    let finished = position(&events, |e| e["type"] == "SUBAGENT_FINISHED");
+    assert_eq!(
+        events[finished]["result"]["termination"]["type"],
+        "cancelled"
+    );
+    assert!(
+        events[finished]["result"]["response"]
+            .as_str()
+            .unwrap()
+            .starts_with("this"),
+        "{:?}",
+        events[finished]
+    );
+    let record = server.finished("agui-subagent-cancel-run").await;
+    assert_eq!(record["termination"]["type"], "cancelled", "{record}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_sub_agents_and_a_nested_one_pass_the_client_verifier() {
+    let Some(modules) = client() else { return };
+    let server = tree().await;
+    let seen = node(&modules, &server.at("/v1/ag-ui/lead_tree"), "subagent-tree").await;
+    let events = accepted(&seen);
+    let starts: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "SUBAGENT_STARTED")
+        .collect();
+    assert_eq!(starts.len(), 3, "{events:#?}");
+    let scouts: Vec<&str> = starts
+        .iter()
+        .filter(|e| e["name"] == "scout")
+        .map(|e| e["subagentRunId"].as_str().unwrap())
+        .collect();
+    assert_eq!(scouts.len(), 2);
+    let clerk = starts.iter().find(|e| e["name"] == "clerk").unwrap();
+    let filer = clerk["parentSubagentRunId"].as_str().unwrap();
+    assert!(scouts.contains(&filer), "{clerk}");
+    // The clerk's parent tool call is the filing scout's, under its id.
+    assert!(
+        events.iter().any(|e| e["type"] == "TOOL_CALL_START"
+            && e["subagentRunId"] == filer
+            && e["toolCallId"] == clerk["parentToolCallId"]),
+        "{events:#?}"
+    );
+    // The scouts ran at once: both started before either finished, and
+    // their text interleaves.
+    let first_end = position(&events, |e| {
+        matches!(
+            e["type"].as_str(),
+            Some("SUBAGENT_FINISHED" | "SUBAGENT_ERROR")
+        )
+    });
+    let second_start = position(&events, |e| {
+        e["type"] == "SUBAGENT_STARTED" && e["subagentRunId"] == scouts[1]
+    });
+    assert!(second_start < first_end, "{events:#?}");
+    let ends = events
+        .iter()
+        .filter(|e| e["type"] == "SUBAGENT_FINISHED")
+        .count();
+    assert_eq!(ends, 3, "{events:#?}");
+    assert_eq!(events.last().unwrap()["type"], "RUN_FINISHED");
     server.stop().await;
 }

@@ -28,6 +28,9 @@ struct AgUiMessage {
     tool_calls: Vec<AgUiToolCall>,
     #[serde(default)]
     tool_call_id: Option<String>,
+    /// Set on a sub-agent's messages: they belong to its own thread.
+    #[serde(default)]
+    subagent_run_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -60,14 +63,19 @@ fn text(content: Option<&Value>) -> String {
 impl RunAgentInput {
     /// The conversation as client messages: each with its ids (its own
     /// and its tool calls'), and the Rein message to append if its ids
-    /// are new to the thread (`None` for roles that are not stored, so
-    /// they stay skipped).
+    /// are new to the thread (`None` for roles that are not stored, and
+    /// for a sub-agent's messages — those with a `subagentRunId`, which
+    /// its own thread holds — so they stay skipped).
     pub(super) fn client_messages(&self) -> Result<Vec<ClientMessage>, ApiError> {
         let mut out = Vec::with_capacity(self.messages.len());
         for (i, m) in self.messages.iter().enumerate() {
             let mut ids = vec![m.id.clone()];
             let content = text(m.content.as_ref());
             let message = match m.role.as_str() {
+                _ if m.subagent_run_id.is_some() => {
+                    ids.extend(m.tool_calls.iter().map(|c| c.id.clone()));
+                    None
+                }
                 "user" => Some(Message::user(content)),
                 "assistant" => {
                     let calls = m
@@ -112,5 +120,28 @@ impl RunAgentInput {
             out.push(ClientMessage { ids, message });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sub_agents_messages_are_known_but_never_appended() {
+        let input: RunAgentInput = serde_json::from_value(serde_json::json!({
+            "threadId": "t", "runId": "r",
+            "messages": [
+                {"id": "u1", "role": "user", "content": "hi"},
+                {"id": "c1-m1", "role": "assistant", "content": "child text", "subagentRunId": "c1",
+                 "toolCalls": [{"id": "c1:call_1", "type": "function", "function": {"name": "x", "arguments": "{}"}}]},
+                {"id": "c1-m2", "role": "tool", "toolCallId": "c1:call_1", "content": "r", "subagentRunId": "c1"},
+            ],
+        }))
+        .unwrap();
+        let messages = input.client_messages().unwrap();
+        assert!(messages[0].message.is_some());
+        assert!(messages[1].message.is_none() && messages[2].message.is_none());
+        assert_eq!(messages[1].ids, vec!["c1-m1", "c1:call_1"]);
     }
 }

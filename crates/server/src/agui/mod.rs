@@ -13,6 +13,12 @@
 //! - **Output.** The run's events become AG-UI events ([`events`]): every
 //!   message, tool call and step that starts also ends before
 //!   `RUN_FINISHED` (or `RUN_ERROR` for an `error` termination).
+//! - **Sub-agents.** The run's log holds its descendants' events too; they
+//!   become `SUBAGENT_STARTED`, the child's own events carrying
+//!   `subagentRunId`, then `SUBAGENT_FINISHED` (or `SUBAGENT_ERROR`), each
+//!   sub-agent's messages, tool calls and steps ended before its end
+//!   ([`events`]). Messages a client sends back with a `subagentRunId` are
+//!   the sub-agent's thread's, never appended to this one.
 //! - **Abort.** The client closing the connection cancels the run (cause
 //!   `requested`).
 //!

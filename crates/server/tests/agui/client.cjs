@@ -1,9 +1,16 @@
 // Drives Rein's AG-UI endpoint with the official client (@ag-ui/client's
 // HttpAgent) and prints one JSON line with what it saw.
-//   node client.cjs <endpoint url> <scenario: conversation | abort>
+//   node client.cjs <endpoint url> <scenario: conversation | abort | error |
+//     subagent | subagent-error | subagent-abort | subagent-cancel | subagent-tree>
+// The sub-agent scenarios record whole events (else only their types), and
+// the client's own warnings (an event it had to strip or drop).
 const { HttpAgent } = require("@ag-ui/client");
 
-async function run(agent, runId, stopAfter) {
+const warnings = [];
+
+// `stop(event)` true: the client aborts the run there. `onEvent(event)`:
+// anything else to do on an event.
+async function run(agent, runId, stopAfter, { full = false, stop, onEvent } = {}) {
   const events = [];
   let result;
   let error;
@@ -12,8 +19,10 @@ async function run(agent, runId, stopAfter) {
       { runId },
       {
         onEvent: ({ event }) => {
-          events.push(event.type);
+          events.push(full ? event : event.type);
           if (stopAfter && event.type === stopAfter) agent.abortRun();
+          if (stop && stop(event)) agent.abortRun();
+          if (onEvent) onEvent(event);
         },
       },
     );
@@ -44,6 +53,39 @@ async function main() {
     bad.messages = [{ id: "u1", role: "user", content: "hi" }];
     const failed = await run(bad, "agui-error-1");
     console.log(JSON.stringify({ failed }));
+  } else if (scenario.startsWith("subagent")) {
+    // Warnings count here: an event the client had to strip or drop.
+    delete process.env.SUPPRESS_TRANSFORMATION_WARNINGS;
+    const warn = console.warn;
+    console.warn = (...args) => {
+      warnings.push(args.map(String).join(" "));
+      warn(...args);
+    };
+    const runId = `agui-${scenario}-run`;
+    const child = (event) => event.type === "TEXT_MESSAGE_CONTENT" && event.subagentRunId !== undefined;
+    agent.messages = [{ id: "u1", role: "user", content: "look into it" }];
+    let options = { full: true };
+    if (scenario === "subagent-abort") options.stop = child;
+    if (scenario === "subagent-cancel") {
+      // Cancelled on the server (not by the client) while the child streams:
+      // the client reads the stream to its end.
+      let cancelled = false;
+      options.onEvent = (event) => {
+        if (!cancelled && child(event)) {
+          cancelled = true;
+          fetch(`${new URL(url).origin}/v1/runs/${runId}/cancel`, { method: "POST" });
+        }
+      };
+    }
+    const first = await run(agent, runId, undefined, options);
+    let second;
+    if (scenario === "subagent") {
+      // The whole conversation again (the child's messages included), and one more.
+      agent.messages.push({ id: "u2", role: "user", content: "thanks" });
+      second = await run(agent, `${runId}-2`);
+    }
+    const messages = agent.messages.map((m) => ({ id: m.id, role: m.role, subagentRunId: m.subagentRunId }));
+    console.log(JSON.stringify({ first, second, messages, warnings }));
   } else {
     throw new Error(`unknown scenario ${scenario}`);
   }

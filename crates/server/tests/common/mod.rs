@@ -30,11 +30,32 @@ impl Server {
         let deployment = Deployment::from_yaml(yaml).unwrap();
         let assembled =
             std::sync::Arc::new(rein_server::assemble::start(&deployment).await.unwrap());
-        let service: Service = assembled.service(&deployment.server);
+        Self::serve(assembled, deployment.server).await
+    }
+
+    /// A server over a runtime built in code (default server settings,
+    /// in-process service, no MCP servers).
+    pub async fn start_runtime(runtime: rein::AgentRuntime) -> Self {
+        let assembled = std::sync::Arc::new(rein_server::assemble::Assembled {
+            runtime,
+            mcp_servers: std::collections::BTreeMap::new(),
+            database: None,
+        });
+        Self::serve(
+            assembled,
+            rein_server::deployment::ServerSettings::default(),
+        )
+        .await
+    }
+
+    async fn serve(
+        assembled: std::sync::Arc<rein_server::assemble::Assembled>,
+        settings: rein_server::deployment::ServerSettings,
+    ) -> Self {
+        let service: Service = assembled.service(&settings);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let settings = deployment.server.clone();
         let task = tokio::spawn(rein_server::serve(
             listener,
             service.clone(),
