@@ -151,9 +151,10 @@ impl Output {
                         let line: String = child.text.drain(..=end).collect();
                         lines.push(format!("{indent}│ {}", line.trim_end()));
                     }
-                } else if matches!(event, AgentEvent::RunFinished { .. }) && !child.text.is_empty()
-                {
-                    lines.push(format!("{indent}│ {}", std::mem::take(&mut child.text)));
+                } else if !child.text.is_empty() {
+                    // A round's text ends where the run's next line starts.
+                    let text = std::mem::take(&mut child.text);
+                    lines.push(format!("{indent}│ {}", text.trim_end()));
                 }
             }
             if !matches!(event, AgentEvent::TextDelta { .. }) {
@@ -381,7 +382,7 @@ mod tests {
         let err = String::from_utf8(err.0.lock().unwrap().clone()).unwrap();
         assert_eq!(
             err,
-            "[subagent] researcher started (kid)\n  │ two trains\n  [subagent] clerk started (grandkid)\n    │ a bus\n    [end] natural_end · 1 round\n  [subagent] clerk ended: natural_end\n  │ and a bus\n  [end] natural_end · 1 round\n[subagent] researcher ended: natural_end\n"
+            "[subagent] researcher started (kid)\n  │ two trains\n  │ and\n  [subagent] clerk started (grandkid)\n    │ a bus\n    [end] natural_end · 1 round\n  [subagent] clerk ended: natural_end\n  │ a bus\n  [end] natural_end · 1 round\n[subagent] researcher ended: natural_end\n"
         );
         assert_eq!(
             String::from_utf8(out.0.lock().unwrap().clone()).unwrap(),

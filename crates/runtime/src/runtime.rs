@@ -252,8 +252,11 @@ impl Inner {
     }
 
     fn agent_for(&self, request: &RunRequest) -> Result<Arc<Agent>, RuntimeError> {
+        // Hidden agents (variants made for sub-agents' declared outputs)
+        // run only when named; they are never listed nor picked.
+        let visible = || self.agents.values().filter(|a| !a.hidden);
         let known = || {
-            let mut ids: Vec<&str> = self.agents.keys().map(String::as_str).collect();
+            let mut ids: Vec<&str> = visible().map(|a| a.spec.id.as_str()).collect();
             ids.sort_unstable();
             if ids.is_empty() {
                 "none".to_owned()
@@ -270,21 +273,16 @@ impl Inner {
                     agent_id: id.clone(),
                     known: known(),
                 }),
-            None if self.agents.len() == 1 => {
-                Ok(self
-                    .agents
-                    .values()
-                    .next()
-                    .cloned()
-                    .ok_or(RuntimeError::AgentRequired {
-                        count: 0,
+            None => {
+                let mut agents = visible();
+                match (agents.next(), agents.next()) {
+                    (Some(only), None) => Ok(only.clone()),
+                    _ => Err(RuntimeError::AgentRequired {
+                        count: visible().count(),
                         known: known(),
-                    })?)
+                    }),
+                }
             }
-            None => Err(RuntimeError::AgentRequired {
-                count: self.agents.len(),
-                known: known(),
-            }),
         }
     }
 

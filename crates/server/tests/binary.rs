@@ -66,7 +66,12 @@ fn signal(pid: u32, name: &str) {
 
 #[test]
 fn check_says_ok_for_the_examples_and_lists_every_error_with_its_position() {
-    for example in ["rein.yaml", "rein-local.yaml", "rein-mcp.yaml"] {
+    for example in [
+        "rein.yaml",
+        "rein-local.yaml",
+        "rein-mcp.yaml",
+        "rein-subagents.yaml",
+    ] {
         let out = rein()
             .args(["check", "--config"])
             .arg(examples().join(example))
@@ -336,6 +341,42 @@ fn a_scripted_reply_s_usage_counts_so_a_token_budget_stops_the_run_offline() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+#[test]
+fn the_sub_agent_example_runs_offline_with_each_child_indented_under_its_call() {
+    let out = rein()
+        .args(["run", "--config"])
+        .arg(examples().join("rein-subagents.yaml"))
+        .args(["--agent", "lead", "Plan a day trip to Bern."])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout
+            .trim_end()
+            .ends_with("Take the 8:02 from Zurich; you are in Bern at 8:58."),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("Trains leave"),
+        "a child's text is not the answer: {stdout}"
+    );
+    for line in [
+        "[subagent] researcher started (",
+        "  [end] stopped (goal): all declared outputs were emitted: sources, summary",
+        "[subagent] researcher ended: goal",
+        "  │ Yes: it leaves time for the old town before lunch.",
+        "[subagent] critic ended: natural_end",
+        "[end] natural_end · 3 rounds · 1070 tokens in / 140 out",
+    ] {
+        assert!(
+            stderr.lines().any(|l| l.starts_with(line)),
+            "{line:?} in:\n{stderr}"
+        );
+    }
 }
 
 #[test]
