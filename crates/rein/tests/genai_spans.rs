@@ -252,3 +252,46 @@ async fn contents_are_recorded_only_when_opted_in() {
     );
     assert!(tool.get("gen_ai.tool.call.result").is_some());
 }
+
+#[tokio::test]
+async fn a_sub_agent_s_invoke_agent_span_is_a_child_of_the_parent_s_execute_tool_span() {
+    let runtime = AgentRuntimeBuilder::new()
+        .with_agent_spec(
+            AgentSpec::new("lead")
+                .with_model_id("m-lead")
+                .with_subagent(SubagentSpec::new("helper")),
+        )
+        .with_agent_spec(AgentSpec::new("helper").with_model_id("m-helper"))
+        .with_model(ModelSpec::new("m-lead", "p-lead", "x"))
+        .with_model(ModelSpec::new("m-helper", "p-helper", "x"))
+        .with_provider(
+            "p-lead",
+            Arc::new(ScriptedExecutor::new(vec![
+                ScriptedResponse::tool_call("helper", json!({"task": "help"})),
+                ScriptedResponse::text("done"),
+            ])),
+        )
+        .with_provider(
+            "p-helper",
+            Arc::new(ScriptedExecutor::new(vec![ScriptedResponse::text("helped")])),
+        )
+        .build()
+        .unwrap();
+    let (_, spans) = capture_run(
+        &runtime,
+        RunRequest::new("t", vec![Message::user("go")]).with_agent_id("lead"),
+    )
+    .await;
+    let by_otel = |name: &str| {
+        spans
+            .iter()
+            .filter(|s| s.get("otel.name") == Some(name))
+            .collect::<Vec<_>>()
+    };
+    let child = by_otel("invoke_agent helper");
+    assert_eq!(child.len(), 1, "{spans:#?}");
+    assert_eq!(child[0].parent.as_deref(), Some("execute_tool"), "{spans:#?}");
+    let call = by_otel("execute_tool helper");
+    assert_eq!(call.len(), 1, "{spans:#?}");
+    assert_eq!(call[0].parent.as_deref(), Some("invoke_agent"));
+}
