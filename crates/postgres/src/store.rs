@@ -217,6 +217,31 @@ impl ThreadStore for PgThreadStore {
         true
     }
 
+    /// A fenced store takes the child's thread's lease (renewed with the
+    /// process's other leases until [`release_child`](Self::release_child)).
+    async fn hold_for_child(&self, thread_id: &str) -> Result<(), ThreadStoreError> {
+        let Some(leases) = &self.leases else {
+            return Ok(());
+        };
+        match leases.acquire(thread_id).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(ThreadStoreError::new(
+                thread_id,
+                "another process holds this thread; the sub-agent's run did not start",
+            )),
+            Err(e) => Err(ThreadStoreError::new(thread_id, e.to_string())),
+        }
+    }
+
+    async fn release_child(&self, thread_id: &str) {
+        if let Some(leases) = &self.leases {
+            self.forget(thread_id);
+            if let Err(e) = leases.release(thread_id).await {
+                tracing::warn!(thread = %thread_id, "could not release a sub-agent's thread (its lease expires on its own): {e}");
+            }
+        }
+    }
+
     async fn load(&self, thread_id: &str) -> Result<Vec<Message>, ThreadStoreError> {
         let fence = self.leases.as_ref().and_then(|l| l.fence(thread_id));
         if let Some(fence) = fence

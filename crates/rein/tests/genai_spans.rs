@@ -273,7 +273,9 @@ async fn a_sub_agent_s_invoke_agent_span_is_a_child_of_the_parent_s_execute_tool
         )
         .with_provider(
             "p-helper",
-            Arc::new(ScriptedExecutor::new(vec![ScriptedResponse::text("helped")])),
+            Arc::new(ScriptedExecutor::new(vec![ScriptedResponse::text(
+                "helped",
+            )])),
         )
         .build()
         .unwrap();
@@ -290,7 +292,11 @@ async fn a_sub_agent_s_invoke_agent_span_is_a_child_of_the_parent_s_execute_tool
     };
     let child = by_otel("invoke_agent helper");
     assert_eq!(child.len(), 1, "{spans:#?}");
-    assert_eq!(child[0].parent.as_deref(), Some("execute_tool"), "{spans:#?}");
+    assert_eq!(
+        child[0].parent.as_deref(),
+        Some("execute_tool"),
+        "{spans:#?}"
+    );
     let call = by_otel("execute_tool helper");
     assert_eq!(call.len(), 1, "{spans:#?}");
     assert_eq!(call[0].parent.as_deref(), Some("invoke_agent"));

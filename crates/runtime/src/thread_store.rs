@@ -79,6 +79,26 @@ pub trait ThreadStore: Send + Sync {
     fn outlives_the_process(&self) -> bool {
         false
     }
+
+    /// Takes `thread_id` for a sub-agent's child run before the child
+    /// writes to it: a store that lets a thread be written only by the
+    /// process that holds it (PostgreSQL's fenced store) takes the thread
+    /// here, for the child's run. The default does nothing.
+    ///
+    /// # Errors
+    ///
+    /// A [`ThreadStoreError`] when the thread cannot be taken (another
+    /// process holds it); the child does not start.
+    async fn hold_for_child(&self, thread_id: &str) -> Result<(), ThreadStoreError> {
+        let _ = thread_id;
+        Ok(())
+    }
+
+    /// Gives up a thread taken with [`hold_for_child`](Self::hold_for_child)
+    /// once the child's run has ended. The default does nothing.
+    async fn release_child(&self, thread_id: &str) {
+        let _ = thread_id;
+    }
 }
 
 /// A [`ThreadStore`] in process memory; histories are lost when it is dropped.

@@ -446,3 +446,63 @@ server: {{ lease_seconds: 1 }}
     assert_eq!(result["tool_status"], "may_have_completed", "{result}");
     let _ = std::fs::remove_file(&config);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agent_tree_runs_in_distributed_mode_its_child_holding_a_thread_of_its_own() {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let path = std::env::temp_dir().join(format!("rein-cluster-tree-{}.yaml", std::process::id()));
+    std::fs::write(
+        &path,
+        r#"
+providers:
+  lead:
+    kind: scripted
+    responses:
+      - { tool_calls: [ { name: helper, arguments: { task: "count to three" } } ] }
+      - "The helper counted."
+  helper: { kind: scripted, responses: ["one two three"] }
+models:
+  lead: { provider: lead, model: x }
+  helper: { provider: helper, model: x }
+agents:
+  - { id: lead, model_id: lead, subagents: [ { agent: helper } ] }
+  - { id: helper, model_id: helper }
+store: { postgres: { url_env: REIN_DATABASE_URL } }
+server: { lease_seconds: 3 }
+"#,
+    )
+    .unwrap();
+    let a = Node::start(&path);
+    let t = thread("tree");
+    let (status, record) = a
+        .post(
+            &format!("/v1/threads/{t}/runs?wait=true"),
+            json!({"agent_id": "lead", "messages": [{"role": "user", "content": "go"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    assert_eq!(record["response"], "The helper counted.");
+    assert_eq!(
+        record["children"].as_array().map(Vec::len),
+        Some(1),
+        "{record}"
+    );
+    // Read from another process: the parent's history has the child's
+    // result, and the child's thread (written under its own lease) its run.
+    let b = Node::start(&path);
+    let parent = history(&b, &t).await;
+    let result = parent
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap_or_else(|| panic!("{parent:?}"));
+    let json: Value = serde_json::from_str(result["content"].as_str().unwrap()).unwrap();
+    assert_eq!(json["status"], "natural_end", "{json}");
+    assert_eq!(json["response"], "one two three");
+    let call = result["tool_call_id"].as_str().unwrap();
+    let child = history(&b, &format!("{t}:{call}")).await;
+    assert_eq!(child[0]["content"], "count to three", "{child:?}");
+    assert_eq!(child[1]["content"], "one two three", "{child:?}");
+    let _ = std::fs::remove_file(&path);
+}

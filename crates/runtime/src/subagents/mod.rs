@@ -241,10 +241,17 @@ impl SubagentTool {
             child_thread_id: child_thread.clone(),
             agent_id: self.entry.agent.clone(),
         });
-        let mut result = match inner.run_child(request).await {
+        // A store that fences writes by thread takes the child's thread
+        // first (given up again below, however the child ends).
+        let held = inner.config.store.hold_for_child(&child_thread).await;
+        let outcome = match held {
+            Ok(()) => inner.run_child(request).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let mut result = match outcome {
             Ok(result) => result,
             Err(e) => {
-                let termination = TerminationReason::Error(e.to_string());
+                let termination = TerminationReason::Error(e);
                 AgentRunResult::new(child_run_id.to_string(), &child_thread, termination)
             }
         };
@@ -259,6 +266,7 @@ impl SubagentTool {
         {
             result.response = text.content.clone();
         }
+        inner.config.store.release_child(&child_thread).await;
         family.sink.emit(AgentEvent::SubagentFinished {
             run_id: ctx.run_id.clone(),
             thread_id: ctx.thread_id.clone(),
