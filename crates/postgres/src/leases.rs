@@ -22,6 +22,9 @@ pub struct Leases {
     /// Threads taken from an owner whose lease had expired (a lost
     /// process), until [`take_over`](Self::take_over) is asked.
     taken_over: dashmap::DashSet<String>,
+    /// Holders of a sub-agent's thread ([`pin`](Self::pin)): the lease is
+    /// given up when the last of them is done.
+    pins: DashMap<String, usize>,
 }
 
 impl Leases {
@@ -34,7 +37,35 @@ impl Leases {
             lease,
             held: DashMap::new(),
             taken_over: dashmap::DashSet::new(),
+            pins: DashMap::new(),
         })
+    }
+
+    /// Counts one more holder of a thread whose lease this process holds
+    /// (a sub-agent's run, and the service writing that run's record);
+    /// `false` when the lease is not held.
+    pub fn pin(&self, thread_id: &str) -> bool {
+        if !self.held.contains_key(thread_id) {
+            return false;
+        }
+        *self.pins.entry(thread_id.to_owned()).or_default() += 1;
+        true
+    }
+
+    /// Counts one holder less; `true` when it was the last (the caller
+    /// then [`release`](Self::release)s the lease).
+    pub fn unpin(&self, thread_id: &str) -> bool {
+        let last = match self.pins.get_mut(thread_id) {
+            Some(mut count) => {
+                *count = count.saturating_sub(1);
+                *count == 0
+            }
+            None => true,
+        };
+        if last {
+            self.pins.remove_if(thread_id, |_, count| *count == 0);
+        }
+        last
     }
 
     /// How long a lease lasts after its last renewal.

@@ -224,7 +224,10 @@ impl ThreadStore for PgThreadStore {
             return Ok(());
         };
         match leases.acquire(thread_id).await {
-            Ok(Some(_)) => Ok(()),
+            Ok(Some(_)) => {
+                leases.pin(thread_id);
+                Ok(())
+            }
             Ok(None) => Err(ThreadStoreError::new(
                 thread_id,
                 "another process holds this thread; the sub-agent's run did not start",
@@ -234,7 +237,11 @@ impl ThreadStore for PgThreadStore {
     }
 
     async fn release_child(&self, thread_id: &str) {
-        if let Some(leases) = &self.leases {
+        // The last of the child's holders (its run, the service writing
+        // its record) gives the lease up.
+        if let Some(leases) = &self.leases
+            && leases.unpin(thread_id)
+        {
             self.forget(thread_id);
             if let Err(e) = leases.release(thread_id).await {
                 tracing::warn!(thread = %thread_id, "could not release a sub-agent's thread (its lease expires on its own): {e}");

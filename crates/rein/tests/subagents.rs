@@ -102,7 +102,9 @@ async fn an_isolated_sub_agent_gets_only_its_task_and_its_end_comes_back_as_json
         ("researcher", "natural_end")
     );
     // The child ran on a thread of its own, seeing only the task.
-    let child_thread = format!("t:{}", message.tool_call_id.clone().unwrap());
+    assert!(message.tool_call_id.is_some());
+    assert_eq!(child.run_id, format!("{}.1", result.run_id));
+    let child_thread = format!("t:{}", child.run_id);
     let child_history = rt.thread_messages(&child_thread).await;
     assert_eq!(child_history[0].content, "find the trains");
     assert_eq!(child_history.len(), 2);
@@ -164,15 +166,16 @@ async fn a_shared_sub_agent_sees_the_parent_s_history_before_the_call_then_its_t
     ])
     .build()
     .unwrap();
-    rt.run_to_completion(
-        RunRequest::new("s", vec![Message::user("my plan: walk")]).with_agent_id("lead"),
-    )
-    .await
-    .unwrap();
-    let (json, message) = tool_result(&rt, "s", 0).await;
+    let result = rt
+        .run_to_completion(
+            RunRequest::new("s", vec![Message::user("my plan: walk")]).with_agent_id("lead"),
+        )
+        .await
+        .unwrap();
+    let (json, _) = tool_result(&rt, "s", 0).await;
     assert_eq!(json["response"], "It is fine.");
     let child = rt
-        .thread_messages(&format!("s:{}", message.tool_call_id.unwrap()))
+        .thread_messages(&format!("s:{}", result.report.children[0].run_id))
         .await;
     let texts: Vec<(&Role, &str)> = child
         .iter()

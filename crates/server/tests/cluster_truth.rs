@@ -447,32 +447,48 @@ server: {{ lease_seconds: 1 }}
     let _ = std::fs::remove_file(&config);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sub_agent_tree_runs_in_distributed_mode_its_child_holding_a_thread_of_its_own() {
-    let Some(_) = database() else { return };
-    let _shared = DATABASE.read().await;
-    let path = std::env::temp_dir().join(format!("rein-cluster-tree-{}.yaml", std::process::id()));
+/// A deployment whose `lead` hands a task to `helper` (whose answer
+/// streams a word per `helper_delay_ms`), on the shared database.
+fn tree_config(name: &str, helper_delay_ms: u64, lease_seconds: u64) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "rein-cluster-tree-{name}-{}.yaml",
+        std::process::id()
+    ));
+    let words = (1..=60)
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ");
     std::fs::write(
         &path,
-        r#"
+        format!(
+            r#"
 providers:
   lead:
     kind: scripted
     responses:
-      - { tool_calls: [ { name: helper, arguments: { task: "count to three" } } ] }
+      - {{ tool_calls: [ {{ name: helper, arguments: {{ task: "count to three" }} }} ] }}
       - "The helper counted."
-  helper: { kind: scripted, responses: ["one two three"] }
+  helper: {{ kind: scripted, chunk_delay_ms: {helper_delay_ms}, responses: ["{words}"] }}
 models:
-  lead: { provider: lead, model: x }
-  helper: { provider: helper, model: x }
+  lead: {{ provider: lead, model: x }}
+  helper: {{ provider: helper, model: x }}
 agents:
-  - { id: lead, model_id: lead, subagents: [ { agent: helper } ] }
-  - { id: helper, model_id: helper }
-store: { postgres: { url_env: REIN_DATABASE_URL } }
-server: { lease_seconds: 3 }
-"#,
+  - {{ id: lead, model_id: lead, subagents: [ {{ agent: helper }} ] }}
+  - {{ id: helper, model_id: helper }}
+store: {{ postgres: {{ url_env: REIN_DATABASE_URL }} }}
+server: {{ lease_seconds: {lease_seconds} }}
+"#
+        ),
     )
     .unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agent_tree_runs_in_distributed_mode_its_child_holding_a_thread_of_its_own() {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let path = tree_config("runs", 0, 3);
     let a = Node::start(&path);
     let t = thread("tree");
     let (status, record) = a
@@ -484,14 +500,29 @@ server: { lease_seconds: 3 }
     assert_eq!(status, 200, "{record}");
     assert_eq!(record["termination"]["type"], "natural_end", "{record}");
     assert_eq!(record["response"], "The helper counted.");
-    assert_eq!(
-        record["children"].as_array().map(Vec::len),
-        Some(1),
-        "{record}"
-    );
-    // Read from another process: the parent's history has the child's
-    // result, and the child's thread (written under its own lease) its run.
+    let child_id = record["children"][0].as_str().unwrap().to_owned();
+    // Read from another process: the records, the parent's history with
+    // the child's result, and the child's thread (written under its own
+    // lease) with its run.
     let b = Node::start(&path);
+    let (_, read) = b
+        .get(&format!("/v1/runs/{}", record["run_id"].as_str().unwrap()))
+        .await;
+    assert_eq!(read["children"], record["children"], "{read}");
+    let child = b.finished(&child_id, Duration::from_secs(5)).await;
+    assert_eq!(child["parent_run_id"], record["run_id"], "{child}");
+    assert_eq!(child["termination"]["type"], "natural_end", "{child}");
+    let types = stream_types(&b, &child_id, None, Duration::from_secs(5)).await;
+    assert_eq!(
+        types.first().map(String::as_str),
+        Some("run_started"),
+        "{types:?}"
+    );
+    assert_eq!(
+        types.last().map(String::as_str),
+        Some("run_finished"),
+        "{types:?}"
+    );
     let parent = history(&b, &t).await;
     let result = parent
         .iter()
@@ -499,10 +530,65 @@ server: { lease_seconds: 3 }
         .unwrap_or_else(|| panic!("{parent:?}"));
     let json: Value = serde_json::from_str(result["content"].as_str().unwrap()).unwrap();
     assert_eq!(json["status"], "natural_end", "{json}");
-    assert_eq!(json["response"], "one two three");
     let call = result["tool_call_id"].as_str().unwrap();
-    let child = history(&b, &format!("{t}:{call}")).await;
-    assert_eq!(child[0]["content"], "count to three", "{child:?}");
-    assert_eq!(child[1]["content"], "one two three", "{child:?}");
+    assert!(!call.is_empty());
+    let child_history = history(&b, &format!("{t}:{child_id}")).await;
+    assert_eq!(
+        child_history[0]["content"], "count to three",
+        "{child_history:?}"
+    );
+    assert_eq!(child_history.len(), 2, "{child_history:?}");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_mid_tree_the_survivor_ends_the_root_and_its_child_as_lost_and_neither_runs_twice()
+ {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let path = tree_config("kill", 100, 1);
+    let a = Node::start(&path);
+    let b = Node::start(&path);
+    let t = thread("tree-kill");
+    let run = a.submit(&t, "lead", "go", "interrupt").await;
+    let root = run["run_id"].as_str().unwrap().to_owned();
+    // Wait until the child streams (on A), then kill A.
+    let child = loop {
+        let (_, record) = a.get(&format!("/v1/runs/{root}")).await;
+        if let Some(child) = record["children"][0].as_str() {
+            let (_, child_record) = a.get(&format!("/v1/runs/{child}")).await;
+            if child_record["status"] == "running" {
+                break child.to_owned();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    a.signal("-KILL");
+    let lost = json!({"type": "error", "value": rein_server::service::LOST_RUN});
+    for run_id in [&root, &child] {
+        let record = b.finished(run_id, Duration::from_secs(20)).await;
+        assert_eq!(record["termination"], lost, "{run_id}: {record}");
+        let events = b.events(run_id, None, Duration::from_secs(5)).await;
+        let own_starts = events
+            .iter()
+            .filter(|(_, kind, data)| {
+                let data: Value = serde_json::from_str(data).unwrap();
+                kind == "run_started" && data["run_id"] == **run_id
+            })
+            .count();
+        assert_eq!(own_starts, 1, "{run_id} ran once: {events:?}");
+        assert_eq!(
+            events.last().map(|(_, kind, _)| kind.as_str()),
+            Some("run_finished")
+        );
+    }
+    // Nothing of the tree is left running, and the root's thread is whole.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for run_id in [&root, &child] {
+        let (_, record) = b.get(&format!("/v1/runs/{run_id}")).await;
+        assert_eq!(record["status"], "finished", "{record}");
+    }
+    assert_valid(&Value::Array(history(&b, &t).await));
     let _ = std::fs::remove_file(&path);
 }

@@ -66,7 +66,12 @@ async fn a_child_run_has_its_own_record_and_stream_and_shows_on_its_parent_s() {
     assert_eq!(child["status"], "finished");
     assert_eq!(child["response"], "There are two trains to Bern today.");
     let call_id = child["parent_call_id"].as_str().unwrap();
-    assert_eq!(child["thread_id"], format!("trip:{call_id}"));
+    assert!(!call_id.is_empty());
+    assert_eq!(
+        child_id,
+        format!("{}.1", record["run_id"].as_str().unwrap())
+    );
+    assert_eq!(child["thread_id"], format!("trip:{child_id}"));
 
     // The child's own stream: its events only, ending with its run_finished.
     let events = server
@@ -95,7 +100,7 @@ async fn a_child_run_has_its_own_record_and_stream_and_shows_on_its_parent_s() {
     assert_eq!(events.last().unwrap().2["run_id"], parent);
     // The child's thread holds its conversation.
     let (_, history) = server
-        .get(&format!("/v1/threads/trip:{call_id}/messages"))
+        .get(&format!("/v1/threads/trip:{child_id}/messages"))
         .await;
     assert_eq!(history[0]["content"], "find the trains");
     server.stop().await;

@@ -358,7 +358,7 @@ impl Mode for InProcess {
                 Some(CancelCause::Requested),
             ),
             // A sub-agent's run: the runtime's token of that run alone.
-            None if entry.parent.is_some() => {
+            None if entry.parent().is_some() => {
                 self.core.runtime.cancel_run(run_id);
             }
             // Running, or about to start: its token ends it either way.

@@ -178,8 +178,6 @@ pub struct RunEntry {
     driven_here: std::sync::atomic::AtomicBool,
     /// Whether a follower copies it from the database.
     followed: std::sync::atomic::AtomicBool,
-    /// For a sub-agent's run: its parent run and the parent's tool call.
-    pub(crate) parent: Option<(String, String)>,
 }
 
 #[derive(Debug)]
@@ -189,6 +187,8 @@ struct EntryState {
     events: Vec<Arc<LoggedEvent>>,
     /// The sub-agent runs it started.
     children: Vec<String>,
+    /// For a sub-agent's run: its parent run and the parent's tool call.
+    parent: Option<(String, String)>,
 }
 
 impl RunEntry {
@@ -212,12 +212,32 @@ impl RunEntry {
                 result: None,
                 events: Vec::new(),
                 children: Vec::new(),
+                parent: None,
             }),
             changed: watch::channel(0).0,
             driven_here: std::sync::atomic::AtomicBool::new(false),
             followed: std::sync::atomic::AtomicBool::new(false),
-            parent: None,
         })
+    }
+
+    /// For a sub-agent's run: its parent run and the parent's tool call.
+    pub(crate) fn parent(&self) -> Option<(String, String)> {
+        self.state().parent.clone()
+    }
+
+    /// Takes the tree links of a stored record (a run followed from the
+    /// database).
+    pub(crate) fn set_links(&self, record: &RunRecord) {
+        let mut state = self.state();
+        if let (Some(run), Some(call)) = (&record.parent_run_id, &record.parent_call_id) {
+            state.parent = Some((run.clone(), call.clone()));
+        }
+        state.children.clone_from(&record.children);
+    }
+
+    /// The sub-agent runs this run started, in order.
+    pub(crate) fn children(&self) -> Vec<String> {
+        self.state().children.clone()
     }
 
     /// Notes a sub-agent run this run started.
@@ -251,7 +271,7 @@ impl RunEntry {
                 children: Vec::new(),
             },
         };
-        if let Some((run, call)) = &self.parent {
+        if let Some((run, call)) = &state.parent {
             record.parent_run_id = Some(run.clone());
             record.parent_call_id = Some(call.clone());
         }
@@ -484,10 +504,8 @@ impl Records {
         if inner.runs.contains_key(run_id) {
             return None;
         }
-        let mut entry = RunEntry::new(run_id, thread_id, agent_id, None, RunStatus::Running);
-        if let Some(e) = Arc::get_mut(&mut entry) {
-            e.parent = Some((parent.0.to_owned(), parent.1.to_owned()));
-        }
+        let entry = RunEntry::new(run_id, thread_id, agent_id, None, RunStatus::Running);
+        entry.state().parent = Some((parent.0.to_owned(), parent.1.to_owned()));
         entry.set_driven_here();
         inner.runs.insert(run_id.to_owned(), entry.clone());
         Some(entry)
@@ -539,11 +557,21 @@ impl Records {
     /// tail; the events of its sub-agents' runs also make and feed their
     /// own entries ([`crate::subagents`]).
     pub(crate) fn sink(self: &Arc<Self>, entry: &Arc<RunEntry>) -> Arc<dyn EventSink> {
+        self.sink_with(entry, None)
+    }
+
+    /// [`sink`](Self::sink), telling `on_child` of each sub-agent run's
+    /// new entry.
+    pub(crate) fn sink_with(
+        self: &Arc<Self>,
+        entry: &Arc<RunEntry>,
+        on_child: Option<crate::subagents::ChildHook>,
+    ) -> Arc<dyn EventSink> {
         Arc::new(RunSink {
             entry: entry.clone(),
             tail: self.tail(&entry.thread_id),
             recorder: self.recorder.get().map(|r| r.0.clone()),
-            tree: crate::subagents::Tree::new(self.clone()),
+            tree: crate::subagents::Tree::new(self.clone(), on_child),
         })
     }
 
@@ -729,7 +757,12 @@ impl EventSink for RunSink {
             recorder.emit(event.clone());
         }
         let descendant = event.run_id() != self.entry.run_id;
-        if descendant || matches!(event, AgentEvent::SubagentStarted { .. }) {
+        if descendant
+            || matches!(
+                event,
+                AgentEvent::SubagentStarted { .. } | AgentEvent::SubagentFinished { .. }
+            )
+        {
             self.tree.route(&self.entry, &event);
         }
         let logged = self.entry.append(event);

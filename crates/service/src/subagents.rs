@@ -23,17 +23,23 @@ use crate::records::{Records, RunEntry, ThreadTail};
 /// A descendant's entry and its thread's tail.
 type Descendant = (Arc<RunEntry>, Arc<ThreadTail>);
 
+/// Told of each descendant's new entry, on the sink's call (a mode that
+/// keeps runs elsewhere writes the child's there too).
+pub(crate) type ChildHook = Arc<dyn Fn(&Arc<RunEntry>) + Send + Sync>;
+
 /// The descendants of one root run, by run id.
 pub(crate) struct Tree {
     records: Arc<Records>,
     runs: Mutex<HashMap<String, Descendant>>,
+    on_child: Option<ChildHook>,
 }
 
 impl Tree {
-    pub(crate) fn new(records: Arc<Records>) -> Self {
+    pub(crate) fn new(records: Arc<Records>, on_child: Option<ChildHook>) -> Self {
         Self {
             records,
             runs: Mutex::default(),
+            on_child,
         }
     }
 
@@ -47,10 +53,8 @@ impl Tree {
         while let Some((entry, tail)) = at {
             entry.log_to(&tail, event.clone());
             at = entry
-                .parent
-                .as_ref()
-                .and_then(|(parent, _)| runs.get(parent))
-                .cloned();
+                .parent()
+                .and_then(|(parent, _)| runs.get(&parent).cloned());
         }
         match event {
             AgentEvent::SubagentStarted {
@@ -75,7 +79,25 @@ impl Tree {
                     None => root.add_child(child_run_id),
                 }
                 let tail = self.records.tail(child_thread_id);
+                if let Some(hook) = &self.on_child {
+                    hook(&child);
+                }
                 runs.insert(child_run_id.clone(), (child, tail));
+            }
+            // A child that never ran (it could not start) has no
+            // `run_finished`: its end is the parent's word.
+            AgentEvent::SubagentFinished {
+                child_run_id,
+                termination,
+                ..
+            } => {
+                if let Some((entry, tail)) = runs.remove(child_run_id) {
+                    drop(tail);
+                    drop(runs);
+                    let result =
+                        AgentRunResult::new(child_run_id, &entry.thread_id, termination.clone());
+                    self.records.finish_child(&entry, result);
+                }
             }
             AgentEvent::RunFinished {
                 run_id,

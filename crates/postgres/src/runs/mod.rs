@@ -508,6 +508,47 @@ impl PgRuns {
             .collect())
     }
 
+    /// Records a sub-agent's run as `running` on its own thread, whose
+    /// lease this process holds (fenced): its events and record are then
+    /// written like any run's, and if this process is lost, whoever takes
+    /// the child's thread ends it as lost. `false` when the fence refused
+    /// it or the run exists.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it answers, it may or may not have
+    /// been committed; calling it again is safe.
+    pub async fn start_child(
+        &self,
+        thread_id: &str,
+        run_id: &str,
+        agent_id: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let Some(fence) = self.fence(thread_id) else {
+            return Ok(false);
+        };
+        let inserted: Option<i32> = sqlx::query_scalar(
+            "INSERT INTO rein_runs (run_id, thread_id, agent_id, interrupt, messages, status, worker, started_at)
+             SELECT $2, $1, $3, false, '[]'::jsonb, 'running', $4, now()
+             WHERE EXISTS (SELECT 1 FROM rein_threads
+                           WHERE thread_id = $1 AND owner = $4 AND fence = $5 AND lease_until > now())
+             ON CONFLICT (run_id) DO NOTHING
+             RETURNING 1",
+        )
+        .bind(thread_id)
+        .bind(run_id)
+        .bind(agent_id)
+        .bind(self.leases.owner())
+        .bind(fence)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(inserted.is_some())
+    }
+
     /// The thread's `running` runs (id, agent, number of the last event):
     /// after taking the thread, these are runs of a previous owner.
     ///

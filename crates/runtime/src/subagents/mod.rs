@@ -5,7 +5,8 @@
 //!
 //! An agent's [`SubagentSpec`]s each become a tool `{ "task": string }`
 //! ([`SubagentTool`]). A call starts a **child run** of the named agent on
-//! a thread of its own (`<parent thread>:<call id>`), whose first user
+//! a thread of its own (`<parent thread>:<child run id>`, the child's run
+//! id being `<parent run id>.<n>`), whose first user
 //! message is the task (`isolated`), or the parent's history up to the
 //! call plus the task (`shared`). The call's result is the child's end as
 //! JSON: `{"status", "detail"?, "response", "outputs"?, "rounds",
@@ -65,6 +66,8 @@ pub(crate) struct Family {
     history: Mutex<Arc<Vec<Message>>>,
     /// What the run's children reported, in the order they ended.
     children: Mutex<Vec<(ChildRun, TokenUsage)>>,
+    /// How many children the run has started.
+    started: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for Family {
@@ -94,7 +97,15 @@ impl Family {
             rounds_left: Mutex::new(rounds_left),
             history: Mutex::default(),
             children: Mutex::default(),
+            started: std::sync::atomic::AtomicU32::new(0),
         }
+    }
+
+    /// The next child's number (from 1).
+    fn next_child(&self) -> u32 {
+        self.started
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .saturating_add(1)
     }
 
     /// Before a round's tools run: what the run has left and sees.
@@ -194,8 +205,10 @@ impl SubagentTool {
                 shared_input(&history, &ctx.call_id, task)
             }
         };
-        let child_thread = format!("{}:{}", ctx.thread_id, ctx.call_id);
-        let child_run_id = inner.next_run_id();
+        // Named after the parent's (unique in every process of a cluster):
+        // `<parent run>.<n>`, on thread `<parent thread>:<child run>`.
+        let child_run_id: Arc<str> = format!("{}.{}", ctx.run_id, family.next_child()).into();
+        let child_thread = format!("{}:{child_run_id}", ctx.thread_id);
         let mut request = RunRequest::new(&child_thread, messages)
             .with_agent_id(&self.agent_id)
             .with_run_id(child_run_id.to_string())
@@ -233,6 +246,10 @@ impl SubagentTool {
             request = request.with_token_budget(tokens);
         }
         request.parent_pool = family.pool.clone();
+        // A store that fences writes by thread takes the child's thread
+        // first (given up again below, however the child ends), before
+        // anyone hears of the child.
+        let held = inner.config.store.hold_for_child(&child_thread).await;
         family.sink.emit(AgentEvent::SubagentStarted {
             run_id: ctx.run_id.clone(),
             thread_id: ctx.thread_id.clone(),
@@ -241,9 +258,6 @@ impl SubagentTool {
             child_thread_id: child_thread.clone(),
             agent_id: self.entry.agent.clone(),
         });
-        // A store that fences writes by thread takes the child's thread
-        // first (given up again below, however the child ends).
-        let held = inner.config.store.hold_for_child(&child_thread).await;
         let outcome = match held {
             Ok(()) => inner.run_child(request).await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),

@@ -267,7 +267,7 @@ impl Distributed {
                 let mut request = RunRequest::new(thread_id, messages)
                     .with_run_id(&claimed.run_id)
                     .with_cancellation(entry.cancellation().clone())
-                    .with_event_sink(records.sink(&entry));
+                    .with_event_sink(records.sink_with(&entry, Some(self.child_hook())));
                 if !claimed.agent_id.is_empty() {
                     request = request.with_agent_id(&claimed.agent_id);
                 }
@@ -337,13 +337,10 @@ impl Distributed {
                 Written::Upto(written) => {
                     let (rest, _) = entry.events_after(written);
                     let rest = stored(&rest);
-                    let record = serde_json::to_value(finished_record(
-                        &entry.run_id,
-                        &thread_id,
-                        &entry.agent_id,
-                        &result,
-                    ))
-                    .unwrap_or_default();
+                    let mut record =
+                        finished_record(&entry.run_id, &thread_id, &entry.agent_id, &result);
+                    record.children = entry.children();
+                    let record = serde_json::to_value(record).unwrap_or_default();
                     match retry(WRITE_RETRY, || runs.finish(&thread_id, &entry.run_id, &record, &rest)).await {
                         Ok(true) => true,
                         Ok(false) => {
@@ -371,6 +368,72 @@ impl Distributed {
             pump.finished(&entry);
             pump.wake.notify_one();
         });
+    }
+
+    /// What keeps a sub-agent's run in the database: on the sink's call,
+    /// its thread (whose lease the child's run holds) is pinned; then its
+    /// row, events and record are written as the run goes, and the thread
+    /// given up when both are done. If this process is lost, the child's
+    /// row is `running` on a thread nobody renews: whoever takes the thread
+    /// ends it as lost, so none stays `running` and none runs twice.
+    fn child_hook(&self) -> crate::subagents::ChildHook {
+        let me = self.me.clone();
+        Arc::new(move |child: &Arc<RunEntry>| {
+            let Some(mode) = me.upgrade() else { return };
+            if !mode.db.leases().pin(&child.thread_id) {
+                return;
+            }
+            let child = child.clone();
+            let task = mode.clone();
+            mode.drivers
+                .spawn(async move { task.keep_child(child).await });
+        })
+    }
+
+    async fn keep_child(&self, child: Arc<RunEntry>) {
+        let runs = self.db.runs().clone();
+        let thread_id = child.thread_id.clone();
+        match retry(WRITE_RETRY, || {
+            runs.start_child(&thread_id, &child.run_id, &child.agent_id)
+        })
+        .await
+        {
+            Ok(true) => {
+                let stop = tokio_util::sync::CancellationToken::new();
+                let writer = tokio::spawn(write_events(
+                    runs.clone(),
+                    thread_id.clone(),
+                    child.clone(),
+                    stop.clone(),
+                ));
+                let record = child.finished().await;
+                stop.cancel();
+                if let Ok(Written::Upto(written)) = writer.await {
+                    let (rest, _) = child.events_after(written);
+                    let rest = stored(&rest);
+                    let record = serde_json::to_value(record).unwrap_or_default();
+                    if let Err(error) = retry(WRITE_RETRY, || {
+                        runs.finish(&thread_id, &child.run_id, &record, &rest)
+                    })
+                    .await
+                    {
+                        tracing::error!(%error, run_id = child.run_id, "could not store a sub-agent run's record");
+                    }
+                }
+            }
+            Ok(false) => {
+                tracing::warn!(
+                    run_id = child.run_id,
+                    "a sub-agent's run was not recorded: its thread is not held here"
+                );
+            }
+            Err(error) => {
+                tracing::error!(%error, run_id = child.run_id, "could not record a sub-agent's run");
+            }
+        }
+        if self.db.leases().unpin(&thread_id) {
+            self.db.release(&thread_id).await;
+        }
     }
 
     /// Works on a held thread until it has nothing left, then gives it up.

@@ -68,6 +68,9 @@ impl Distributed {
                 let record = run
                     .record
                     .and_then(|r| serde_json::from_value::<RunRecord>(r).ok());
+                if let Some(record) = &record {
+                    entry.set_links(record);
+                }
                 self.core.records.finish(entry, result_of(entry, record));
             }
             Some(run) if run.status == "running" => entry.set_running(),
