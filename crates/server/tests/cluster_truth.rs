@@ -592,3 +592,34 @@ async fn after_kill_9_mid_tree_the_survivor_ends_the_root_and_its_child_as_lost_
     assert_valid(&Value::Array(history(&b, &t).await));
     let _ = std::fs::remove_file(&path);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_cancelled_from_another_process_ends_alone_and_its_parent_goes_on() {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let path = tree_config("cancel", 100, 3);
+    let a = Node::start(&path);
+    let b = Node::start(&path);
+    let t = thread("tree-cancel");
+    let run = a.submit(&t, "lead", "go", "interrupt").await;
+    let root = run["run_id"].as_str().unwrap().to_owned();
+    let child = format!("{root}.1");
+    // The child is a row of the database once it runs: B can see it.
+    let start = Instant::now();
+    loop {
+        let (status, record) = b.get(&format!("/v1/runs/{child}")).await;
+        if status == 200 && record["status"] == "running" {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{record}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, answer) = b.post(&format!("/v1/runs/{child}/cancel"), json!({})).await;
+    assert_eq!(status, 200, "{answer}");
+    let record = b.finished(&child, Duration::from_secs(10)).await;
+    assert_eq!(record["termination"]["type"], "cancelled", "{record}");
+    let record = b.finished(&root, Duration::from_secs(10)).await;
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    assert_eq!(record["response"], "The helper counted.");
+    let _ = std::fs::remove_file(&path);
+}

@@ -45,6 +45,16 @@ impl Core {
         })
     }
 
+    /// Cancels a run driven here: through its parent token, or for a
+    /// sub-agent's run (whose token is a child of its parent's tool call),
+    /// through the runtime.
+    pub(crate) fn cancel_entry(&self, entry: &crate::records::RunEntry) {
+        entry.cancellation().cancel();
+        if entry.parent().is_some() {
+            self.runtime.cancel_run(&entry.run_id);
+        }
+    }
+
     /// Whether shutdown has begun (no new runs start).
     pub(crate) fn shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)

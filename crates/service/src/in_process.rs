@@ -357,12 +357,9 @@ impl Mode for InProcess {
                 TerminationReason::Cancelled,
                 Some(CancelCause::Requested),
             ),
-            // A sub-agent's run: the runtime's token of that run alone.
-            None if entry.parent().is_some() => {
-                self.core.runtime.cancel_run(run_id);
-            }
-            // Running, or about to start: its token ends it either way.
-            None => entry.cancellation().cancel(),
+            // Running, or about to start: its token ends it either way (a
+            // sub-agent's run: the runtime's token of that run alone).
+            None => self.core.cancel_entry(&entry),
         }
         self.tidy(&entry.thread_id);
         Ok(true)

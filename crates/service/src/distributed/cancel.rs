@@ -22,7 +22,7 @@ impl Distributed {
             if entry.status() == RunStatus::Finished {
                 return Ok(false);
             }
-            entry.cancellation().cancel();
+            self.core.cancel_entry(&entry);
             return Ok(true);
         }
         let runs = self.db.runs();

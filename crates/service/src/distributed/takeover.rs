@@ -153,7 +153,7 @@ impl Distributed {
                 if let Some(entry) = self.core.records.get(&run_id)
                     && entry.driven_here()
                 {
-                    entry.cancellation().cancel();
+                    self.core.cancel_entry(&entry);
                 }
             }
             _ => {}
@@ -179,7 +179,7 @@ impl Distributed {
                 if let Some(entry) = self.core.records.get(&run_id)
                     && entry.driven_here()
                 {
-                    entry.cancellation().cancel();
+                    self.core.cancel_entry(&entry);
                 }
             }
         }
