@@ -170,6 +170,64 @@ async fn a_forced_tool_call_runs_the_tool_and_the_model_answers_after_it() {
     );
 }
 
+#[tokio::test]
+async fn the_local_model_calls_a_sub_agent_and_gets_its_structured_result() {
+    let Some((url, _turn)) = live() else {
+        return;
+    };
+    // Both agents on the local model: the lead is made to call the
+    // sub-agent; the helper answers in at most two rounds.
+    let lead = spec().with_tool_choice(ToolChoice::None).with_subagent(
+        SubagentSpec::new("helper")
+            .with_tool("ask_helper")
+            .with_description("Ask the helper a question.")
+            .with_max_rounds(2),
+    );
+    let helper = AgentSpec::new("helper")
+        .with_model_id("smollm2")
+        .with_system_prompt("Answer in one short sentence.");
+    let rt = runtime(GenaiExecutor::openai_compatible(url, None), lead, 24)
+        .with_agent_spec(helper)
+        .build()
+        .unwrap();
+    let sink = Arc::new(CollectingSink::new());
+    let request = user("sub", "Ask the helper what colour the sky is.")
+        .with_agent_id("agent")
+        .with_tool_choice(ToolChoice::Tool("ask_helper".into()));
+    let r = rt.run(request, sink.clone()).await.unwrap();
+    assert_eq!(r.termination, TerminationReason::NaturalEnd, "{r:?}");
+    assert_eq!(r.report.children.len(), 1, "{r:?}");
+    let history = rt.thread_messages("sub").await;
+    assert_history_valid(&history);
+    let result = history
+        .iter()
+        .find(|m| m.role == Role::Tool)
+        .expect("the sub-agent's result");
+    let json: serde_json::Value = serde_json::from_str(&result.content).unwrap();
+    assert!(
+        ["natural_end", "max_rounds"].contains(&json["status"].as_str().unwrap_or("")),
+        "{json}"
+    );
+    assert!(json["response"].is_string(), "{json}");
+    assert!(
+        json["rounds"]
+            .as_u64()
+            .is_some_and(|n| (1..=2).contains(&n)),
+        "{json}"
+    );
+    let child = &r.report.children[0];
+    assert!(
+        r.usage.total() >= child.usage.total(),
+        "the parent's usage includes the child's"
+    );
+    let started = sink
+        .events()
+        .into_iter()
+        .filter(|e| matches!(e, AgentEvent::SubagentStarted { .. }))
+        .count();
+    assert_eq!(started, 1);
+}
+
 /// A typed tool's arguments: a nested struct, an enum, an optional field.
 #[derive(serde::Deserialize, schemars::JsonSchema)]
 struct Booking {
