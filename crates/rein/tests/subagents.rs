@@ -574,3 +574,43 @@ async fn nested_sub_agents_report_up_the_tree_and_a_cycle_is_refused_at_build() 
         "{unknown}"
     );
 }
+
+#[tokio::test]
+async fn a_child_s_deadline_is_its_own_and_capped_by_what_the_parent_has_left() {
+    let words = "word ".repeat(200);
+    let lead = AgentSpec::new("lead")
+        .with_subagent(SubagentSpec::new("slow").with_timeout_seconds(1))
+        .with_subagent(SubagentSpec::new("counter").with_tool("count"));
+    let rt = runtime(vec![
+        (
+            lead.with_max_rounds(3),
+            vec![
+                ScriptedResponse::tool_call("slow", task("talk")),
+                ScriptedResponse::tool_call("count", task("loop")),
+                ScriptedResponse::text("done"),
+            ],
+        ),
+        (AgentSpec::new("slow"), vec![slow(&words)]),
+        // It would loop for its own 16 rounds: the lead has 1 left when
+        // it calls it (3 rounds, 2 made).
+        (
+            AgentSpec::new("counter"),
+            vec![ScriptedResponse::tool_call("nothing", json!({}))],
+        ),
+    ])
+    .build()
+    .unwrap();
+    let result = rt
+        .run_to_completion(RunRequest::new("d", vec![Message::user("go")]).with_agent_id("lead"))
+        .await
+        .unwrap();
+    let (timed_out, _) = tool_result(&rt, "d", 0).await;
+    assert_eq!(timed_out["status"], "timeout", "{timed_out}");
+    assert!(timed_out["response"].as_str().unwrap().starts_with("word"));
+    let (counted, _) = tool_result(&rt, "d", 1).await;
+    assert_eq!(counted["status"], "max_rounds", "{counted}");
+    assert_eq!(counted["rounds"], 1, "capped by the lead's last round");
+    // Only the lead's own limit ends the lead (its third round).
+    assert_eq!(result.termination.stop_code(), Some("max_rounds"));
+    assert_eq!(result.response, "done");
+}
