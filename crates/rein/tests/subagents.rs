@@ -614,3 +614,116 @@ async fn a_child_s_deadline_is_its_own_and_capped_by_what_the_parent_has_left() 
     assert_eq!(result.termination.stop_code(), Some("max_rounds"));
     assert_eq!(result.response, "done");
 }
+
+/// A lead whose one sub-agent streams slowly, on `thread`, with `sink`.
+fn streaming_tree(lead: AgentSpec) -> AgentRuntime {
+    let words = "one two three four five ".repeat(40);
+    runtime(vec![
+        (
+            lead.with_subagent(SubagentSpec::new("leaf")),
+            vec![
+                ScriptedResponse::tool_call("leaf", task("talk")),
+                ScriptedResponse::text("after"),
+            ],
+        ),
+        (AgentSpec::new("leaf"), vec![slow(&words)]),
+    ])
+    .build()
+    .unwrap()
+}
+
+/// Waits until a child of the tree streams.
+async fn until_a_child_streams(sink: &CollectingSink) {
+    while !sink
+        .events()
+        .iter()
+        .any(|e| matches!(e, AgentEvent::TextDelta { run_id, .. } if run_id.contains('.')))
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_input_interrupting_the_root_ends_its_tree_before_the_next_run_starts() {
+    let rt = streaming_tree(AgentSpec::new("lead"));
+    let sink = Arc::new(CollectingSink::new());
+    let first = rt
+        .mailbox()
+        .submit(
+            RunRequest::new("m", vec![Message::user("go")])
+                .with_agent_id("lead")
+                .with_event_sink(sink.clone()),
+        )
+        .await
+        .unwrap();
+    until_a_child_streams(&sink).await;
+    let second = rt
+        .mailbox()
+        .submit(
+            RunRequest::new("m", vec![Message::user("stop that")])
+                .with_agent_id("lead")
+                .with_event_sink(sink.clone()),
+        )
+        .await
+        .unwrap();
+    let second_id = second.run_id().to_owned();
+    let first = first.wait().await.unwrap();
+    second.wait().await.unwrap();
+    assert_eq!(first.termination, TerminationReason::Cancelled);
+    assert_eq!(first.report.children[0].code, "cancelled");
+    // The child's run_finished came before the second run's run_started.
+    let events = sink.events();
+    let child_end = events
+        .iter()
+        .position(|e| matches!(e, AgentEvent::RunFinished { run_id, .. } if run_id.contains('.')))
+        .unwrap();
+    let second_start = events
+        .iter()
+        .position(|e| matches!(e, AgentEvent::RunStarted { run_id, .. } if *run_id == second_id))
+        .unwrap();
+    assert!(child_end < second_start, "{events:#?}");
+}
+
+#[tokio::test]
+async fn the_root_s_deadline_ends_its_tree_and_the_root_stops_with_timeout() {
+    let rt = streaming_tree(
+        AgentSpec::new("lead").with_stop_condition(StopConditionSpec::Timeout { seconds: 1 }),
+    );
+    let result = rt
+        .run_to_completion(RunRequest::new("dl", vec![Message::user("go")]).with_agent_id("lead"))
+        .await
+        .unwrap();
+    assert_eq!(
+        result.termination.stop_code(),
+        Some("timeout"),
+        "{result:?}"
+    );
+    let child = &result.report.children[0];
+    assert!(
+        ["cancelled", "timeout"].contains(&child.code.as_str()),
+        "the child ended with the root's deadline: {child:?}"
+    );
+    assert!(!rt.is_thread_active(&format!("dl:{}", child.run_id)));
+}
+
+#[tokio::test]
+async fn deleting_the_root_s_thread_ends_its_tree() {
+    let rt = streaming_tree(AgentSpec::new("lead"));
+    let sink = Arc::new(CollectingSink::new());
+    let run = tokio::spawn({
+        let rt = rt.clone();
+        let sink = sink.clone();
+        async move {
+            rt.run(
+                RunRequest::new("del", vec![Message::user("go")]).with_agent_id("lead"),
+                sink,
+            )
+            .await
+        }
+    });
+    until_a_child_streams(&sink).await;
+    rt.delete_thread("del").await.unwrap();
+    let result = run.await.unwrap().unwrap();
+    assert_eq!(result.termination, TerminationReason::Cancelled);
+    assert_eq!(result.report.children[0].code, "cancelled");
+}
