@@ -18,6 +18,7 @@
 mod cluster;
 mod context;
 mod http;
+mod subagents;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -581,7 +582,7 @@ fn external<F: std::future::Future<Output = ()>>(rt: &tokio::runtime::Runtime, w
 const USAGE: &str = "usage: rein-bench <rounds|rounds_external|rounds_policies|rounds_loops|rounds_control|rounds_events|concurrent|\
 cancel|cancel_pause|cancel_external|cancel_external_pause|cancel_open|mailbox|mailbox_external|\
 policies|chanting|chanting_spaces|chanting_rules|http|http_first_event|http_retention|\
-context|cluster_cancel|cluster_submit|cluster_submit_spread|cluster_submit_spread_held|cluster_takeover> [--tiny]";
+context|subagent_cancel|subagent_overhead|cluster_cancel|cluster_submit|cluster_submit_spread|cluster_submit_spread_held|cluster_takeover> [--tiny]";
 
 /// W9's concurrent clients (HTTP/1.1 connections, each one submission at
 /// a time), spread over the three processes.
@@ -656,6 +657,11 @@ fn main() {
             &rt,
             http::retention(scale(100_000, 300), scale(10_000, 100)),
         ),
+        "subagent_cancel" => on_worker(
+            &rt,
+            subagents::cancel(scale(200, 3), Duration::from_millis(2)),
+        ),
+        "subagent_overhead" => on_worker(&rt, subagents::overhead(scale(200, 2))),
         "cluster_cancel" => on_worker(&rt, cluster::cancel(scale(200, 3))),
         "cluster_submit" => on_worker(
             &rt,

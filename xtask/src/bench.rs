@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// The workloads, in order, with their names in the table
 /// (`external`: driven from the thread that owns the runtime, not a worker).
-pub(crate) const WORKLOADS: [(&str, &str); 27] = [
+pub(crate) const WORKLOADS: [(&str, &str); 29] = [
     ("rounds", "W1"),
     ("rounds_external", "W1 external"),
     ("rounds_policies", "W1b"),
@@ -35,6 +35,8 @@ pub(crate) const WORKLOADS: [(&str, &str); 27] = [
     ("http", "W7"),
     ("http_first_event", "W7b"),
     ("http_retention", "retention after 100 000 runs"),
+    ("subagent_cancel", "W12"),
+    ("subagent_overhead", "W12b"),
     ("cluster_cancel", "W8"),
     ("cluster_submit", "W9 one hot thread"),
     ("cluster_submit_spread", "W9 over 64 threads"),

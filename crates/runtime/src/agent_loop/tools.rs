@@ -292,7 +292,7 @@ impl Run {
         self.control.calls_ended();
         if let Some(family) = self.control.family.get() {
             // The children's usage is the run's too.
-            for (child, usage) in family.take_children() {
+            for (child, usage) in family.round_ended() {
                 self.usage.add(usage);
                 self.children.push(child);
             }

@@ -114,8 +114,12 @@ impl Family {
         *lock(&self.history) = history.clone();
     }
 
-    /// The children that ended since the last call, with their usage.
-    pub(crate) fn take_children(&self) -> Vec<(ChildRun, TokenUsage)> {
+    /// After a round's tools ended: the children that ended since the last
+    /// call, with their usage. Also lets go of the round's history (only
+    /// calls starting read it), so that the run appending the round's
+    /// results does not copy its whole history.
+    pub(crate) fn round_ended(&self) -> Vec<(ChildRun, TokenUsage)> {
+        *lock(&self.history) = Arc::default();
         std::mem::take(&mut *lock(&self.children))
     }
 }
