@@ -188,6 +188,11 @@ impl SubagentTool {
                     self.entry.tool_name()
                 )
             })?;
+        if ctx.cancellation.is_cancelled() {
+            // Cancelled before it began: no child starts.
+            let cancelled = AgentRunResult::new("", "", TerminationReason::Cancelled);
+            return Ok(result_of(&cancelled));
+        }
         let inner = self
             .runtime
             .get()
