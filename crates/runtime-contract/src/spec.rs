@@ -116,6 +116,44 @@ pub struct SubagentSpec {
     pub token_budget: Option<u64>,
 }
 
+/// A path `a → b → … → a` through the `subagents` of `specs` (searched
+/// from each spec in order), if an agent reaches itself; entries naming an
+/// agent not in `specs` lead nowhere.
+pub fn subagent_cycle(specs: &[AgentSpec]) -> Option<Vec<String>> {
+    fn visit<'a>(
+        at: &'a str,
+        specs: &'a [AgentSpec],
+        path: &mut Vec<&'a str>,
+        done: &mut Vec<&'a str>,
+    ) -> Option<Vec<String>> {
+        if let Some(from) = path.iter().position(|p| *p == at) {
+            let mut cycle: Vec<String> = path[from..].iter().map(|s| (*s).to_owned()).collect();
+            cycle.push(at.to_owned());
+            return Some(cycle);
+        }
+        if done.contains(&at) {
+            return None;
+        }
+        path.push(at);
+        let entries = specs
+            .iter()
+            .find(|s| s.id == at)
+            .map(|s| s.subagents.as_slice());
+        for entry in entries.unwrap_or_default() {
+            if let Some(cycle) = visit(&entry.agent, specs, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.push(at);
+        None
+    }
+    let mut done = Vec::new();
+    specs
+        .iter()
+        .find_map(|s| visit(&s.id, specs, &mut Vec::new(), &mut done))
+}
+
 impl SubagentSpec {
     /// A sub-agent entry for `agent`: tool named after it, `isolated`, no
     /// outputs, no limits of its own.

@@ -64,7 +64,7 @@ pub(crate) fn plan(specs: &[AgentSpec]) -> Result<Plan, BuildError> {
             variants.push((variant, plugin_id, plugin));
         }
     }
-    if let Some(cycle) = find_cycle(specs) {
+    if let Some(cycle) = rein_runtime_contract::spec::subagent_cycle(specs) {
         return Err(BuildError::InvalidSubagent {
             agent_id: cycle[0].clone(),
             message: format!(
@@ -76,62 +76,10 @@ pub(crate) fn plan(specs: &[AgentSpec]) -> Result<Plan, BuildError> {
     Ok(Plan { variants })
 }
 
-/// A path `a → b → … → a` in the sub-agent graph, if there is one.
-pub(crate) fn find_cycle(specs: &[AgentSpec]) -> Option<Vec<String>> {
-    let edges: HashMap<&str, Vec<&str>> = specs
-        .iter()
-        .map(|s| {
-            let to = s.subagents.iter().map(|e| e.agent.as_str()).collect();
-            (s.id.as_str(), to)
-        })
-        .collect();
-    // 0: unseen, 1: on the current path, 2: done.
-    let mut mark: HashMap<&str, u8> = HashMap::new();
-    let mut path: Vec<&str> = Vec::new();
-    fn visit<'a>(
-        at: &'a str,
-        edges: &HashMap<&'a str, Vec<&'a str>>,
-        mark: &mut HashMap<&'a str, u8>,
-        path: &mut Vec<&'a str>,
-    ) -> Option<Vec<String>> {
-        mark.insert(at, 1);
-        path.push(at);
-        for &next in edges.get(at).map(Vec::as_slice).unwrap_or_default() {
-            match mark.get(next).copied().unwrap_or(0) {
-                1 => {
-                    let from = path.iter().position(|p| *p == next).unwrap_or(0);
-                    let mut cycle: Vec<String> =
-                        path[from..].iter().map(|s| (*s).to_owned()).collect();
-                    cycle.push(next.to_owned());
-                    return Some(cycle);
-                }
-                0 => {
-                    if let Some(cycle) = visit(next, edges, mark, path) {
-                        return Some(cycle);
-                    }
-                }
-                _ => {}
-            }
-        }
-        path.pop();
-        mark.insert(at, 2);
-        None
-    }
-    let mut ids: Vec<&str> = edges.keys().copied().collect();
-    ids.sort_unstable();
-    for id in ids {
-        if mark.get(id).copied().unwrap_or(0) == 0
-            && let Some(cycle) = visit(id, &edges, &mut mark, &mut path)
-        {
-            return Some(cycle);
-        }
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rein_runtime_contract::spec::subagent_cycle;
 
     #[test]
     fn a_cycle_through_several_agents_is_named_from_start_to_start() {
@@ -142,7 +90,7 @@ mod tests {
             AgentSpec::new("d").with_subagent(SubagentSpec::new("c")),
         ];
         assert_eq!(
-            find_cycle(&specs).unwrap(),
+            subagent_cycle(&specs).unwrap(),
             ["a", "b", "c", "a"].map(String::from)
         );
         let tree = vec![
@@ -151,8 +99,8 @@ mod tests {
             AgentSpec::new("c"),
             AgentSpec::new("d").with_subagent(SubagentSpec::new("c")),
         ];
-        assert_eq!(find_cycle(&tree), None);
+        assert_eq!(subagent_cycle(&tree), None);
         let own = vec![AgentSpec::new("a").with_subagent(SubagentSpec::new("a"))];
-        assert_eq!(find_cycle(&own).unwrap(), ["a", "a"].map(String::from));
+        assert_eq!(subagent_cycle(&own).unwrap(), ["a", "a"].map(String::from));
     }
 }

@@ -565,7 +565,8 @@ impl Deployment {
                 }
             }
         }
-        if let Some(cycle) = self.subagent_cycle() {
+        let specs: Vec<AgentSpec> = self.agents.iter().map(|a| a.spec.clone()).collect();
+        if let Some(cycle) = rein::contract::spec::subagent_cycle(&specs) {
             // At the entry that closes the cycle.
             let from = &cycle[cycle.len() - 2];
             let to = &cycle[cycle.len() - 1];
@@ -582,42 +583,6 @@ impl Deployment {
             );
         }
         errors
-    }
-
-    /// A path `a → b → … → a` through the agents' `subagents`, if any.
-    fn subagent_cycle(&self) -> Option<Vec<String>> {
-        fn visit(
-            at: &str,
-            deployment: &Deployment,
-            path: &mut Vec<String>,
-            done: &mut Vec<String>,
-        ) -> Option<Vec<String>> {
-            if let Some(from) = path.iter().position(|p| p == at) {
-                let mut cycle = path[from..].to_vec();
-                cycle.push(at.to_owned());
-                return Some(cycle);
-            }
-            if done.iter().any(|d| d == at) {
-                return None;
-            }
-            path.push(at.to_owned());
-            for entry in deployment
-                .agent(at)
-                .map(|a| a.spec.subagents.as_slice())
-                .unwrap_or_default()
-            {
-                if let Some(cycle) = visit(&entry.agent, deployment, path, done) {
-                    return Some(cycle);
-                }
-            }
-            path.pop();
-            done.push(at.to_owned());
-            None
-        }
-        let mut done = Vec::new();
-        self.agents
-            .iter()
-            .find_map(|a| visit(&a.spec.id, self, &mut Vec::new(), &mut done))
     }
 }
 
