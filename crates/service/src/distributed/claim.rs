@@ -16,7 +16,7 @@ use rein_runtime_contract::message::Message;
 use tokio::sync::Notify;
 
 use super::{Distributed, LOST_RUN, Unstarted, lock};
-use crate::records::{LoggedEvent, RunEntry, RunStatus, finished_record};
+use crate::records::{LoggedEvent, RunEntry, RunRecord, RunStatus, finished_record};
 
 /// How long a run's new events wait to be written with the ones that
 /// follow them (what a follower on another process lags at most, beyond
@@ -321,27 +321,16 @@ impl Distributed {
         let thread_id = thread_id.to_owned();
         self.drivers.spawn(async move {
             let runs = mode.db.runs().clone();
-            let stop = tokio_util::sync::CancellationToken::new();
-            let writer = tokio::spawn(write_events(
-                runs.clone(),
-                thread_id.clone(),
-                entry.clone(),
-                stop.clone(),
-            ));
+            let writer = Writer::start(&runs, &thread_id, &entry);
             let result = handle.wait().await.unwrap_or_else(|e| {
                 AgentRunResult::new(&entry.run_id, &thread_id, TerminationReason::Error(e.to_string()))
             });
-            stop.cancel();
-            let written = writer.await.unwrap_or(Written::Refused);
-            let kept = match written {
+            let kept = match writer.stop().await {
                 Written::Upto(written) => {
-                    let (rest, _) = entry.events_after(written);
-                    let rest = stored(&rest);
                     let mut record =
                         finished_record(&entry.run_id, &thread_id, &entry.agent_id, &result);
                     record.children = entry.children();
-                    let record = serde_json::to_value(record).unwrap_or_default();
-                    match retry(WRITE_RETRY, || runs.finish(&thread_id, &entry.run_id, &record, &rest)).await {
+                    match store_end(&runs, &thread_id, &entry, written, &record).await {
                         Ok(true) => true,
                         Ok(false) => {
                             tracing::warn!(
@@ -399,26 +388,12 @@ impl Distributed {
         .await
         {
             Ok(true) => {
-                let stop = tokio_util::sync::CancellationToken::new();
-                let writer = tokio::spawn(write_events(
-                    runs.clone(),
-                    thread_id.clone(),
-                    child.clone(),
-                    stop.clone(),
-                ));
+                let writer = Writer::start(&runs, &thread_id, &child);
                 let record = child.finished().await;
-                stop.cancel();
-                if let Ok(Written::Upto(written)) = writer.await {
-                    let (rest, _) = child.events_after(written);
-                    let rest = stored(&rest);
-                    let record = serde_json::to_value(record).unwrap_or_default();
-                    if let Err(error) = retry(WRITE_RETRY, || {
-                        runs.finish(&thread_id, &child.run_id, &record, &rest)
-                    })
-                    .await
-                    {
-                        tracing::error!(%error, run_id = child.run_id, "could not store a sub-agent run's record");
-                    }
+                if let Written::Upto(written) = writer.stop().await
+                    && let Err(error) = store_end(&runs, &thread_id, &child, written, &record).await
+                {
+                    tracing::error!(%error, run_id = child.run_id, "could not store a sub-agent run's record");
                 }
             }
             Ok(false) => {
@@ -469,6 +444,50 @@ impl Distributed {
             return;
         }
     }
+}
+
+/// A run's events written to the database as they are logged, on a task
+/// of its own, until [`stop`](Self::stop).
+struct Writer {
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<Written>,
+}
+
+impl Writer {
+    fn start(runs: &PgRuns, thread_id: &str, entry: &Arc<RunEntry>) -> Self {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(write_events(
+            runs.clone(),
+            thread_id.to_owned(),
+            entry.clone(),
+            stop.clone(),
+        ));
+        Self { stop, task }
+    }
+
+    /// Stops writing once what is logged is written; how far it got.
+    async fn stop(self) -> Written {
+        self.stop.cancel();
+        self.task.await.unwrap_or(Written::Refused)
+    }
+}
+
+/// Finishes a run in the database (fenced): the events logged after
+/// `written`, and its record. `false` when the fence refused it.
+async fn store_end(
+    runs: &PgRuns,
+    thread_id: &str,
+    entry: &RunEntry,
+    written: u64,
+    record: &RunRecord,
+) -> Result<bool, rein_postgres::Error> {
+    let (rest, _) = entry.events_after(written);
+    let rest = stored(&rest);
+    let record = serde_json::to_value(record).unwrap_or_default();
+    retry(WRITE_RETRY, || {
+        runs.finish(thread_id, &entry.run_id, &record, &rest)
+    })
+    .await
 }
 
 /// How far a run's events were written.
