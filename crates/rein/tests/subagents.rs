@@ -325,17 +325,7 @@ async fn cancelling_the_root_ends_the_whole_tree_before_the_cancel_returns() {
         .build()
         .unwrap();
         let sink = Arc::new(CollectingSink::new());
-        let run = tokio::spawn({
-            let rt = rt.clone();
-            let sink = sink.clone();
-            async move {
-                rt.run(
-                    RunRequest::new("root", vec![Message::user("go")]).with_agent_id("lead"),
-                    sink,
-                )
-                .await
-            }
-        });
+        let run = spawn_lead(&rt, "root", &sink);
         // Wait until both leaves are streaming.
         while sink
             .events()
@@ -397,17 +387,7 @@ async fn cancelling_one_child_ends_only_it_and_the_parent_goes_on() {
     .build()
     .unwrap();
     let sink = Arc::new(CollectingSink::new());
-    let run = tokio::spawn({
-        let rt = rt.clone();
-        let sink = sink.clone();
-        async move {
-            rt.run(
-                RunRequest::new("p", vec![Message::user("go")]).with_agent_id("lead"),
-                sink,
-            )
-            .await
-        }
-    });
+    let run = spawn_lead(&rt, "p", &sink);
     let child_thread = loop {
         if let Some(thread) = sink.events().iter().find_map(|e| match e {
             AgentEvent::SubagentStarted {
@@ -419,13 +399,7 @@ async fn cancelling_one_child_ends_only_it_and_the_parent_goes_on() {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    while !sink
-        .events()
-        .iter()
-        .any(|e| matches!(e, AgentEvent::TextDelta { .. }))
-    {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_a_child_streams(&sink).await;
     assert!(rt.cancel_and_wait_by_thread(&child_thread).await);
     let result = run.await.unwrap().unwrap();
     assert_eq!(result.termination, TerminationReason::NaturalEnd);
@@ -632,6 +606,17 @@ fn streaming_tree(lead: AgentSpec) -> AgentRuntime {
     .unwrap()
 }
 
+/// Runs `lead` on `thread` with `sink`, on a task of its own.
+fn spawn_lead(
+    rt: &AgentRuntime,
+    thread: &str,
+    sink: &Arc<CollectingSink>,
+) -> tokio::task::JoinHandle<Result<AgentRunResult, RuntimeError>> {
+    let (rt, sink) = (rt.clone(), sink.clone());
+    let request = RunRequest::new(thread, vec![Message::user("go")]).with_agent_id("lead");
+    tokio::spawn(async move { rt.run(request, sink).await })
+}
+
 /// Waits until a child of the tree streams.
 async fn until_a_child_streams(sink: &CollectingSink) {
     while !sink
@@ -710,17 +695,7 @@ async fn the_root_s_deadline_ends_its_tree_and_the_root_stops_with_timeout() {
 async fn deleting_the_root_s_thread_ends_its_tree() {
     let rt = streaming_tree(AgentSpec::new("lead"));
     let sink = Arc::new(CollectingSink::new());
-    let run = tokio::spawn({
-        let rt = rt.clone();
-        let sink = sink.clone();
-        async move {
-            rt.run(
-                RunRequest::new("del", vec![Message::user("go")]).with_agent_id("lead"),
-                sink,
-            )
-            .await
-        }
-    });
+    let run = spawn_lead(&rt, "del", &sink);
     until_a_child_streams(&sink).await;
     rt.delete_thread("del").await.unwrap();
     let result = run.await.unwrap().unwrap();
