@@ -180,6 +180,16 @@ pub use schemars;
 
 pub use rein_runtime_contract::config;
 
+/// Tool approvals: rules that let a call run, deny it, or park the run
+/// until a person decides ([`AgentRuntime::decide`]); the `ask_user`
+/// plugin. `docs/approvals.md` explains the lifecycle.
+pub mod approvals {
+    pub use rein_runtime::approvals::{ASK_USER, ApprovalError, AskUserPlugin, Decided};
+    pub use rein_runtime_contract::approval::{
+        ApprovalAction, ApprovalRule, Decision, OnTimeout, PendingApproval, PendingKind, RuleError,
+    };
+}
+
 /// Escalation ladders (`warn`, `nudge`, `deny`, `stop`) and per-tool loop
 /// rules; `docs/stop-policies.md` explains them.
 pub use rein_runtime_contract::escalation;

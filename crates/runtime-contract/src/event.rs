@@ -230,6 +230,39 @@ pub enum AgentEvent {
         /// How the child ended.
         termination: TerminationReason,
     },
+    /// A call waits for a person (an `ask` approval rule, or `ask_user`):
+    /// the run parks once the round's other calls are done.
+    ApprovalRequested {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The waiting call.
+        call_id: String,
+        /// Its tool.
+        tool: String,
+        /// Its arguments, as the model gave them.
+        arguments: serde_json::Value,
+        /// What it waits for.
+        #[serde(default)]
+        kind: crate::approval::PendingKind,
+        /// When the rule's timeout passes (RFC 3339).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires_at: Option<String>,
+    },
+    /// A pending call was decided (`approve`, `reject`, `edit`, `respond`;
+    /// `timeout` when its rule's timeout passed); once every pending call
+    /// is, the same run goes on.
+    ApprovalDecided {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The decided call.
+        call_id: String,
+        /// The decision's name.
+        decision: String,
+    },
     /// The run ended. Always the last event of a run, exactly once.
     RunFinished {
         /// The run.
@@ -280,6 +313,8 @@ impl AgentEvent {
             Self::Progress { .. } => "progress",
             Self::SubagentStarted { .. } => "subagent_started",
             Self::SubagentFinished { .. } => "subagent_finished",
+            Self::ApprovalRequested { .. } => "approval_requested",
+            Self::ApprovalDecided { .. } => "approval_decided",
             Self::RunFinished { .. } => "run_finished",
         }
     }
@@ -302,6 +337,8 @@ impl AgentEvent {
             | Self::Progress { run_id, .. }
             | Self::SubagentStarted { run_id, .. }
             | Self::SubagentFinished { run_id, .. }
+            | Self::ApprovalRequested { run_id, .. }
+            | Self::ApprovalDecided { run_id, .. }
             | Self::RunFinished { run_id, .. } => run_id,
         }
     }
@@ -324,6 +361,8 @@ impl AgentEvent {
             | Self::Progress { thread_id, .. }
             | Self::SubagentStarted { thread_id, .. }
             | Self::SubagentFinished { thread_id, .. }
+            | Self::ApprovalRequested { thread_id, .. }
+            | Self::ApprovalDecided { thread_id, .. }
             | Self::RunFinished { thread_id, .. } => thread_id,
         }
     }

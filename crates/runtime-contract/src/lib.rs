@@ -39,6 +39,7 @@
 //! assert_eq!(json, r#"{"type":"natural_end"}"#);
 //! ```
 
+pub mod approval;
 pub mod config;
 pub mod context;
 pub mod escalation;

@@ -593,6 +593,11 @@ pub struct StopReport {
     /// part of the run's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<ChildRun>,
+    /// The calls the run was waiting on when it ended (it ended while
+    /// parked: cancelled, interrupted, or `approval_timeout`); each is also
+    /// in `tool_calls` as `not_started`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_approvals: Vec<crate::approval::PendingApproval>,
 }
 
 /// One child run in its parent's [`StopReport`].
@@ -648,6 +653,7 @@ impl StopReport {
             resumable: true,
             hint: None,
             children: Vec::new(),
+            pending_approvals: Vec::new(),
         }
     }
 

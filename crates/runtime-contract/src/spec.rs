@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeMap;
 
+use crate::approval::ApprovalRule;
 use crate::context::ContextPolicy;
 use crate::escalation::{Ladder, ToolLoopRule};
 use crate::inference::ToolChoice;
@@ -65,6 +66,10 @@ pub struct AgentSpec {
     /// `{ "task": string }` (see [`SubagentSpec`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub subagents: Vec<SubagentSpec>,
+    /// Approval rules for the agent's tool calls, first match decides
+    /// ([`crate::approval`]); none: every call runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<ApprovalRule>,
 }
 
 /// What a sub-agent sees of its parent's conversation.
@@ -234,6 +239,7 @@ impl AgentSpec {
             escalation: BTreeMap::new(),
             tool_rules: BTreeMap::new(),
             subagents: Vec::new(),
+            approvals: Vec::new(),
         }
     }
 
@@ -283,6 +289,13 @@ impl AgentSpec {
     /// Adds a sub-agent: another agent this one may hand tasks to.
     pub fn with_subagent(mut self, subagent: SubagentSpec) -> Self {
         self.subagents.push(subagent);
+        self
+    }
+
+    /// Adds an approval rule (after the ones already there: the first
+    /// matching rule decides).
+    pub fn with_approval(mut self, rule: ApprovalRule) -> Self {
+        self.approvals.push(rule);
         self
     }
 

@@ -48,6 +48,10 @@ pub(crate) struct RunControl {
     /// What the run shares with its sub-agent calls (runs of agents with
     /// sub-agents only).
     pub(crate) family: OnceLock<Arc<crate::subagents::Family>>,
+    /// The calls the run waits on while it is parked for approvals.
+    pub(crate) parked: OnceLock<crate::approvals::SharedParked>,
+    /// The root of the run's tree, for a sub-agent's run.
+    pub(crate) root_run_id: Option<Arc<str>>,
 }
 
 impl RunControl {
@@ -61,6 +65,8 @@ impl RunControl {
             finished: AtomicBool::new(false),
             calls: std::sync::Mutex::default(),
             family: OnceLock::new(),
+            parked: OnceLock::new(),
+            root_run_id: None,
         }
     }
 

@@ -53,6 +53,8 @@ pub(crate) struct Agent {
     /// setup without policy or budget.
     pub(crate) measure: Arc<crate::context::ContextSetup>,
     /// `spec.tool_rules`, shared by the runs' tool-call loop detectors.
+    /// The approval rules, compiled (and whether `ask_user` is on).
+    pub(crate) gate: crate::approvals::Gate,
     pub(crate) tool_rules:
         Arc<std::collections::BTreeMap<String, rein_runtime_contract::escalation::ToolLoopRule>>,
 }

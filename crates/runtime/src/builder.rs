@@ -37,6 +37,14 @@ pub enum BuildError {
         /// What is wrong, naming the entry (and the cycle, for one).
         message: String,
     },
+    /// An agent's approval rule is invalid or matches none of its tools.
+    #[error("agent \"{agent_id}\": invalid approval rule: {message}")]
+    InvalidApproval {
+        /// The agent.
+        agent_id: String,
+        /// What is wrong, naming the rule by its position.
+        message: String,
+    },
     /// An agent's context policy is invalid or names an unknown model.
     #[error("agent \"{agent_id}\": invalid context policy: {message}")]
     InvalidContext {
@@ -582,7 +590,13 @@ impl AgentRuntimeBuilder {
             for (phase, entry) in registrar.hooks.drain(..) {
                 hooks[phase.index()].push(entry);
             }
+            let gate = crate::approvals::Gate::new(&spec, &descriptors, registrar.asks_user)
+                .map_err(|message| BuildError::InvalidApproval {
+                    agent_id: spec.id.clone(),
+                    message,
+                })?;
             let agent = Agent {
+                gate,
                 hidden: hidden.contains(&spec.id),
                 subagents,
                 guard: Agent::guard_items(&spec),

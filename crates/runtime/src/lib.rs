@@ -25,6 +25,7 @@
 mod active_runs;
 mod agent;
 mod agent_loop;
+pub mod approvals;
 pub mod auto;
 mod builder;
 pub mod context;

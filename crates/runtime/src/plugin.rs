@@ -74,6 +74,8 @@ pub struct PluginRegistrar {
     pub(crate) keys: Vec<KeyRegistration>,
     pub(crate) hooks: Vec<(Phase, HookEntry)>,
     pub(crate) tools: Vec<(String, String, Arc<dyn Tool>)>,
+    /// Set by the `ask_user` plugin: its tool's calls park the run.
+    pub(crate) asks_user: bool,
 }
 
 impl std::fmt::Debug for PluginRegistrar {
@@ -99,6 +101,7 @@ impl PluginRegistrar {
             keys: Vec::new(),
             hooks: Vec::new(),
             tools: Vec::new(),
+            asks_user: false,
         }
     }
 

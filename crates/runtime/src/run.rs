@@ -26,6 +26,8 @@ pub struct RunRequest {
     pub(crate) timeout: Option<std::time::Duration>,
     /// A sub-agent's parent's token pool: the run's tokens count there too.
     pub(crate) parent_pool: Option<Arc<crate::subagents::budget::Pool>>,
+    /// A sub-agent's root run (the run at the top of its tree).
+    pub(crate) root_run_id: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for RunRequest {
@@ -60,6 +62,7 @@ impl RunRequest {
             max_rounds: None,
             timeout: None,
             parent_pool: None,
+            root_run_id: None,
         }
     }
 

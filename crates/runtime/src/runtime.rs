@@ -22,6 +22,7 @@ use tracing::Instrument;
 use crate::active_runs::{ActiveRunRegistry, CURRENT_RUN, RunControl};
 use crate::agent::Agent;
 use crate::agent_loop::{RetryBackoff, RunSetup, execute};
+use crate::approvals::{ApprovalError, Decided};
 use crate::extensions::{Extensions, Observers, RunObserver};
 use crate::history::validate_input;
 use crate::mailbox::{Mailbox, RunHandle};
@@ -30,6 +31,7 @@ use crate::run::{AgentRunResult, RunRequest};
 use crate::stream::RunStream;
 use crate::telemetry;
 use crate::thread_store::ThreadStore;
+use rein_runtime_contract::approval::{Decision, PendingApproval};
 
 /// Why [`AgentRuntime::cancel_tool_call`] found nothing to cancel.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -350,11 +352,9 @@ impl Inner {
             Some(parent) => parent.child_token(),
             None => self.root.child_token(),
         };
-        let control = Arc::new(RunControl::new(
-            run_id.clone(),
-            request.thread_id.clone(),
-            token,
-        ));
+        let mut control = RunControl::new(run_id.clone(), request.thread_id.clone(), token);
+        control.root_run_id = request.root_run_id.clone();
+        let control = Arc::new(control);
         let slot = match self.registry.acquire(control.clone()) {
             Ok(slot) => slot,
             Err(_) => return Err(StartError::Busy(Box::new(request))),
@@ -744,6 +744,53 @@ impl AgentRuntime {
     /// goes on. The call is recorded in the run's stop report as
     /// `interrupted` (a read-only tool) or `may_have_completed`.
     ///
+    /// The calls parked runs wait on (approvals and `ask_user` questions),
+    /// of every active run — sub-agents' runs included, each with its
+    /// `root_run_id` — or of the runs on `thread_id` only, in run order.
+    pub fn pending_approvals(&self, thread_id: Option<&str>) -> Vec<PendingApproval> {
+        let mut controls = self.inner.registry.all();
+        controls.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+        let mut pending = Vec::new();
+        for control in controls {
+            if thread_id.is_some_and(|t| t != control.thread_id) {
+                continue;
+            }
+            if let Some(parked) = control.parked.get() {
+                pending.extend(parked.pending().into_iter().map(|mut p| {
+                    p.root_run_id = control.root_run_id.as_deref().map(str::to_owned);
+                    p
+                }));
+            }
+        }
+        pending
+    }
+
+    /// Decides the pending call `call_id` of run `run_id`. When it was the
+    /// run's last undecided call, the same run goes on (see
+    /// [`crate::approvals`]); its future and stream complete as usual.
+    ///
+    /// # Errors
+    ///
+    /// [`ApprovalError::UnknownApproval`] when no active run has that
+    /// pending call; [`ApprovalError::AlreadyDecided`] when it was decided
+    /// differently (the same decision again is `Ok` with `repeated`);
+    /// [`ApprovalError::Invalid`] when edited arguments do not fit the
+    /// tool's parameters, or a question is approved instead of answered.
+    pub fn decide(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        decision: Decision,
+    ) -> Result<Decided, ApprovalError> {
+        let unknown = || ApprovalError::UnknownApproval {
+            run_id: run_id.to_owned(),
+            call_id: call_id.to_owned(),
+        };
+        let control = self.inner.registry.by_run(run_id).ok_or_else(unknown)?;
+        let parked = control.parked.get().ok_or_else(unknown)?;
+        parked.decide(run_id, call_id, decision)
+    }
+
     /// # Errors
     ///
     /// [`CancelToolCallError::UnknownRun`] when no run `run_id` is active;

@@ -12,8 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use rein_runtime::approvals::{ApprovalError, Decided};
 use rein_runtime::{AgentRuntime, RunRequest};
 use rein_runtime_contract::CancellationToken;
+use rein_runtime_contract::approval::{Decision, PendingApproval};
+use rein_runtime_contract::event::AgentEvent;
 use rein_runtime_contract::message::Message;
 use tokio_util::task::TaskTracker;
 
@@ -42,6 +45,50 @@ impl Core {
             closing: CancellationToken::new(),
             shutting_down: AtomicBool::new(false),
             loops: TaskTracker::new(),
+        })
+    }
+
+    /// The answer to a decision on `call_id` of `entry`'s run that is no
+    /// longer pending: the same decision as the one logged is `repeated`,
+    /// another is `already_decided`; a call never decided is unknown.
+    pub(crate) fn decided_before(
+        entry: &crate::records::RunEntry,
+        call_id: &str,
+        decision: &Decision,
+    ) -> Result<Decided, ServiceError> {
+        let (events, _) = entry.events_after(0);
+        let logged = events.iter().find_map(|e| match e.event() {
+            Some(AgentEvent::ApprovalDecided {
+                call_id: id,
+                decision,
+                ..
+            }) if id == call_id => Some(decision.clone()),
+            _ => None,
+        });
+        match logged {
+            Some(first) if first == decision.name() => Ok(Decided::repeated(call_id, decision)),
+            Some(first) => Err(ApprovalError::AlreadyDecided {
+                call_id: call_id.to_owned(),
+                decision: first,
+            }
+            .into()),
+            None => Err(ApprovalError::UnknownApproval {
+                run_id: entry.run_id.clone(),
+                call_id: call_id.to_owned(),
+            }
+            .into()),
+        }
+    }
+
+    /// Whether a pending call on `thread` (or on a sub-agent's thread
+    /// under it) is listed when the thread is asked for.
+    pub(crate) fn on_thread(pending: &PendingApproval, thread: Option<&str>) -> bool {
+        thread.is_none_or(|t| {
+            pending.thread_id == t
+                || pending
+                    .thread_id
+                    .strip_prefix(t)
+                    .is_some_and(|rest| rest.starts_with(':'))
         })
     }
 

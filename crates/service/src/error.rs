@@ -5,6 +5,7 @@
 //! CLI prints its `Display`, which names the offending id and says what
 //! to do.
 
+use rein_runtime::approvals::ApprovalError;
 use rein_runtime::{CancelToolCallError, RuntimeError};
 
 use crate::records::RunStatus;
@@ -89,6 +90,11 @@ pub enum ServiceError {
     /// The run runs here but has no running call with this id.
     #[error(transparent)]
     ToolCall(CancelToolCallError),
+    /// A decision on a pending approval was refused: no such pending call
+    /// (`unknown_approval`), already decided differently
+    /// (`already_decided`), or it does not fit the call (`invalid_decision`).
+    #[error(transparent)]
+    Approval(#[from] ApprovalError),
     /// The service is shutting down: no new runs start.
     #[error("the service is shutting down; no new runs start")]
     ShuttingDown,
@@ -126,6 +132,7 @@ impl ServiceError {
             Self::IdempotencyKeyReused { .. } => "idempotency_key_reused",
             Self::UnknownRun { .. } => "unknown_run",
             Self::RunNotRunning { .. } | Self::ToolCall(_) => "tool_call_not_running",
+            Self::Approval(e) => e.code(),
             Self::ShuttingDown => "shutting_down",
             Self::StoreUnavailable { .. } => "store_unavailable",
         }

@@ -66,7 +66,9 @@ mod submission;
 use std::sync::Arc;
 
 use rein_runtime::AgentRuntime;
+use rein_runtime::approvals::{ApprovalError, Decided};
 use rein_runtime_contract::CancellationToken;
+use rein_runtime_contract::approval::{Decision, PendingApproval};
 use rein_runtime_contract::event::EventSink;
 use rein_runtime_contract::message::Message;
 
@@ -278,6 +280,54 @@ impl Service {
     /// returns; dropped earlier, it may or may not have been.
     pub async fn cancel_run(&self, run_id: &str) -> Result<bool, ServiceError> {
         self.mode.cancel_run(run_id).await
+    }
+
+    /// Decides the pending call `call_id` of the parked run `run_id`
+    /// (`docs/approvals.md`): when it was the run's last undecided call,
+    /// the same run goes on. The same decision again is `Ok` with
+    /// `repeated`, also after the run went on or finished.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::Approval`]: `unknown_approval`, `already_decided`,
+    /// `invalid_decision` (edited arguments outside the tool's schema, or a
+    /// question approved instead of answered).
+    ///
+    /// # Cancel safety
+    ///
+    /// A run parked in this process gets the decision before the first
+    /// await.
+    pub async fn decide(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        decision: Decision,
+    ) -> Result<Decided, ServiceError> {
+        match self.core.runtime.decide(run_id, call_id, decision.clone()) {
+            Ok(decided) => Ok(decided),
+            Err(ApprovalError::UnknownApproval { .. }) => {
+                self.mode.decide_elsewhere(run_id, call_id, decision).await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The calls parked runs wait on, of every thread or of `thread_id`'s
+    /// runs (sub-agents' runs are on their own threads, with their
+    /// `root_run_id`).
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::StoreUnavailable`] in distributed mode.
+    ///
+    /// # Cancel safety
+    ///
+    /// Reads only.
+    pub async fn pending_approvals(
+        &self,
+        thread_id: Option<&str>,
+    ) -> Result<Vec<PendingApproval>, ServiceError> {
+        self.mode.pending_approvals(thread_id).await
     }
 
     /// Ends one running tool call of run `run_id`; the run goes on.

@@ -11,6 +11,9 @@
 
 use std::sync::Arc;
 
+use rein_runtime::approvals::Decided;
+use rein_runtime_contract::approval::{Decision, PendingApproval};
+
 use crate::error::ServiceError;
 use crate::records::RunEntry;
 use crate::submission::{Submission, Submitted};
@@ -36,6 +39,22 @@ pub(crate) trait Mode: Send + Sync + std::fmt::Debug {
         run_id: &str,
         call_id: &str,
     ) -> Result<bool, ServiceError>;
+
+    /// A decision for a call no run parked in this process waits on:
+    /// hands it to the run's process, or answers from the run's log (a
+    /// repeated decision after the run went on).
+    async fn decide_elsewhere(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        decision: Decision,
+    ) -> Result<Decided, ServiceError>;
+
+    /// The pending approvals of every parked run, or of `thread_id`'s.
+    async fn pending_approvals(
+        &self,
+        thread_id: Option<&str>,
+    ) -> Result<Vec<PendingApproval>, ServiceError>;
 
     /// Cancels the thread's running run and waits, bounded.
     async fn cancel_thread(&self, thread_id: &str) -> (bool, bool);

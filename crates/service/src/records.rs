@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use rein_runtime::AgentRunResult;
 use rein_runtime_contract::CancellationToken;
+use rein_runtime_contract::approval::{PendingApproval, PendingKind};
 use rein_runtime_contract::event::{AgentEvent, CancelCause, EventSink};
 use rein_runtime_contract::lifecycle::{StopReport, TerminationReason};
 use rein_runtime_contract::message::{CacheUsage, TokenUsage};
@@ -35,6 +36,8 @@ pub enum RunStatus {
     Queued,
     /// Holding the thread.
     Running,
+    /// Parked: waiting for decisions on `pending_approvals`.
+    AwaitingApproval,
     /// Ended; the record has its result.
     Finished,
 }
@@ -45,6 +48,7 @@ impl RunStatus {
         match self {
             Self::Queued => "queued",
             Self::Running => "running",
+            Self::AwaitingApproval => "awaiting_approval",
             Self::Finished => "finished",
         }
     }
@@ -92,6 +96,9 @@ pub struct RunRecord {
     /// The sub-agent runs this run started, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<String>,
+    /// While `awaiting_approval`: the calls it waits on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_approvals: Vec<PendingApproval>,
 }
 
 /// One event of a run's log: the event itself (what AG-UI translates)
@@ -189,6 +196,8 @@ struct EntryState {
     children: Vec<String>,
     /// For a sub-agent's run: its parent run and the parent's tool call.
     parent: Option<(String, String)>,
+    /// The calls it waits on while parked.
+    pending: Vec<PendingApproval>,
 }
 
 impl RunEntry {
@@ -213,6 +222,7 @@ impl RunEntry {
                 events: Vec::new(),
                 children: Vec::new(),
                 parent: None,
+                pending: Vec::new(),
             }),
             changed: watch::channel(0).0,
             driven_here: std::sync::atomic::AtomicBool::new(false),
@@ -269,6 +279,7 @@ impl RunEntry {
                 parent_run_id: None,
                 parent_call_id: None,
                 children: Vec::new(),
+                pending_approvals: state.pending.clone(),
             },
         };
         if let Some((run, call)) = &state.parent {
@@ -382,6 +393,7 @@ impl RunEntry {
 
     fn append(&self, event: AgentEvent) -> Arc<LoggedEvent> {
         let mut state = self.state();
+        track_approvals(&mut state, &event);
         let logged = Arc::new(LoggedEvent::emitted(state.events.len() as u64 + 1, event));
         state.events.push(logged.clone());
         let count = state.events.len() as u64;
@@ -730,6 +742,7 @@ pub(crate) fn finished_record(
         parent_run_id: None,
         parent_call_id: None,
         children: Vec::new(),
+        pending_approvals: Vec::new(),
     }
 }
 
@@ -776,4 +789,59 @@ impl RunEntry {
         let logged = self.append(event);
         tail.send(logged);
     }
+}
+
+/// Keeps a parked run's pending calls and status from its own events.
+fn track_approvals(state: &mut EntryState, event: &AgentEvent) {
+    match event {
+        AgentEvent::ApprovalRequested {
+            run_id,
+            thread_id,
+            call_id,
+            tool,
+            arguments,
+            kind,
+            expires_at,
+        } => {
+            let mut pending =
+                PendingApproval::new(run_id, thread_id, call_id, tool, arguments.clone());
+            pending.kind = *kind;
+            pending.expires_at.clone_from(expires_at);
+            if *kind == PendingKind::Question {
+                let (question, options) = question_of(arguments);
+                pending.question = Some(question);
+                pending.options = options;
+            }
+            state.pending.push(pending);
+            if state.status != RunStatus::Finished {
+                state.status = RunStatus::AwaitingApproval;
+            }
+        }
+        AgentEvent::ApprovalDecided { call_id, .. } => {
+            state.pending.retain(|p| p.call_id != *call_id);
+            if state.pending.is_empty() && state.status == RunStatus::AwaitingApproval {
+                state.status = RunStatus::Running;
+            }
+        }
+        AgentEvent::RunFinished { .. } => state.pending.clear(),
+        _ => {}
+    }
+}
+
+/// The question and options of an `ask_user` call's arguments.
+fn question_of(arguments: &serde_json::Value) -> (String, Vec<String>) {
+    let question = arguments
+        .get("question")
+        .and_then(serde_json::Value::as_str)
+        .map_or_else(|| arguments.to_string(), str::to_owned);
+    let options = arguments
+        .get("options")
+        .and_then(serde_json::Value::as_array)
+        .map(|o| {
+            o.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    (question, options)
 }

@@ -622,6 +622,7 @@ pub const AGENT_SPEC_KEYS: &[&str] = &[
     "escalation",
     "tool_rules",
     "subagents",
+    "approvals",
 ];
 
 /// Deserializes an agent spec that is one item of a larger YAML document
@@ -753,6 +754,7 @@ impl<'de> Visitor<'de> for AgentSpecVisitor<'_> {
                 "escalation" => spec.escalation = map.next_value_seed(EscalationSeed(&listed))?,
                 "tool_rules" => spec.tool_rules = map.next_value_seed(ToolRulesSeed(&listed))?,
                 "subagents" => spec.subagents = map.next_value()?,
+                "approvals" => spec.approvals = map.next_value()?,
                 other => extra.push((other, map.next_value::<serde_yaml::Value>()?)),
             }
         }

@@ -34,6 +34,7 @@ mod backoff;
 mod context;
 mod inference;
 pub(crate) mod judge;
+mod park;
 mod report;
 mod tools;
 
@@ -184,6 +185,10 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         guard,
         max_rounds,
         time_limit,
+        deadline,
+        watchdog,
+        parked_pending: Vec::new(),
+        parked_round: None,
         children: Vec::new(),
         state,
         directives: Directives::default(),
@@ -207,7 +212,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
     };
     // Work has stopped; a deadline passing now must not turn the reason
     // into a cancellation.
-    drop(watchdog);
+    run.watchdog = DeadlineWatchdog(None);
     Box::pin(run.finish(reason)).await
 }
 
@@ -249,6 +254,15 @@ struct Run {
     max_rounds: usize,
     /// The run's deadline, from its start.
     time_limit: Option<Duration>,
+    /// When the deadline passes (moved on by the time spent parked).
+    deadline: Option<Instant>,
+    /// Cancels the run at `deadline`; none while parked or once work stops.
+    watchdog: DeadlineWatchdog,
+    /// The calls the run still waited on when it ended while parked.
+    parked_pending: Vec<rein_runtime_contract::approval::PendingApproval>,
+    /// While parked: where the parked round's assistant message is in the
+    /// history (stored already, its held calls still unanswered).
+    parked_round: Option<usize>,
     /// The sub-agent runs that ended, in order.
     children: Vec<ChildRun>,
     state: RunState,
@@ -524,10 +538,18 @@ impl Run {
         let status = ToolCallStatus::NotStarted;
         let note = format!(
             "{} — {status}: {}",
-            not_run_note(&reason, self.control.cause()),
+            not_run_note(
+                &reason,
+                self.control.cause(),
+                !self.parked_pending.is_empty()
+            ),
             status.explanation()
         );
-        let from = self.persisted;
+        // A round parked and stored with its held calls unanswered is
+        // repaired too.
+        let from = self
+            .parked_round
+            .map_or(self.persisted, |at| at.min(self.persisted));
         for (id, name) in history::repair_calls(self.history_mut(), from, &note, Some(status)) {
             self.incomplete
                 .push(IncompleteToolCall::new(id, name, status));
@@ -591,8 +613,11 @@ impl Run {
 }
 
 /// The text of the result given to a call that never ran.
-fn not_run_note(reason: &TerminationReason, cause: Option<&CancelCause>) -> String {
+fn not_run_note(reason: &TerminationReason, cause: Option<&CancelCause>, parked: bool) -> String {
     match (reason, cause) {
+        (TerminationReason::Cancelled, Some(CancelCause::Interrupted { .. })) if parked => {
+            "not run: superseded by new input".to_owned()
+        }
         (TerminationReason::Cancelled, Some(CancelCause::Interrupted { .. })) => {
             "not run: the run was interrupted by new input".to_owned()
         }

@@ -16,6 +16,7 @@ impl Run {
         report.limits = self.limits();
         report.tool_calls = self.incomplete.clone();
         report.children = self.children.clone();
+        report.pending_approvals = self.parked_pending.clone();
         let uncertain = report.uncertain_calls().next().is_some();
         report.resumable = !uncertain;
         report.hint = hint(reason, &report);

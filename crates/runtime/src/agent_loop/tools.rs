@@ -22,11 +22,12 @@ use tracing::Instrument;
 use super::judge::Screened;
 use super::{Focus, Run, interrupted};
 use crate::active_runs::CURRENT_RUN;
+use crate::approvals::{Gated, Held, denied_text};
 use crate::phase::panic_message;
 use crate::telemetry;
 
 impl Run {
-    fn started(&self, call: &ToolCall) {
+    pub(super) fn started(&self, call: &ToolCall) {
         self.emit(|| AgentEvent::ToolCallStarted {
             run_id: self.id.run_id.clone(),
             thread_id: self.id.thread_id.clone(),
@@ -155,13 +156,16 @@ impl Run {
     }
 
     /// Runs one response's tool calls concurrently and records their results
-    /// in call order. Returns the reason if the run must end now.
+    /// in call order; calls the approval gate holds park the run after the
+    /// others ran (see [`crate::approvals`]). Returns the reason if the run
+    /// must end now.
     ///
     /// **Invariant:** every spawned tool future has completed or been
     /// dropped (aborted and awaited) before this returns.
     pub(super) async fn run_tools(&mut self, calls: &[ToolCall]) -> Result<(), TerminationReason> {
         let mut results: Vec<Option<ToolResult>> = vec![None; calls.len()];
         let mut ready: Vec<(usize, Arc<dyn Tool>)> = Vec::with_capacity(calls.len());
+        let mut held: Vec<(usize, Held)> = Vec::new();
         let mut ending: Option<TerminationReason> = None;
         for (i, call) in calls.iter().enumerate() {
             let focus = Focus {
@@ -195,18 +199,75 @@ impl Run {
                 }
                 Screened::Stop => break,
             }
-            match self.agent.tools.get(&call.name) {
-                Some(tool) => ready.push((i, tool.clone())),
-                None => {
+            let Some(tool) = self.agent.tools.get(&call.name) else {
+                self.started(call);
+                results[i] = Some(self.unknown_tool(call));
+                continue;
+            };
+            if self.agent.gate.is_open() {
+                ready.push((i, tool.clone()));
+                continue;
+            }
+            match self.agent.gate.check(call) {
+                Gated::Run => ready.push((i, tool.clone())),
+                Gated::Deny(rule) => {
                     self.started(call);
-                    results[i] = Some(self.unknown_tool(call));
+                    results[i] = Some(ToolResult {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        content: denied_text(rule),
+                        is_error: true,
+                    });
+                }
+                gated @ (Gated::Ask(_) | Gated::Question) => {
+                    let ids = (self.id.run_id.as_str(), self.id.thread_id.as_str());
+                    let parameters = tool.descriptor().parameters;
+                    held.push((i, Held::new(ids, call, &gated, parameters)));
                 }
             }
         }
 
         // Nothing starts once the run is cancelled or a hook failed: those
         // calls get "not run" results when the run finishes.
-        let mut cut = ending.is_some() || self.control.token.is_cancelled();
+        let cut = ending.is_some() || self.control.token.is_cancelled();
+        let first_incomplete = self.incomplete.len();
+        let cut = self.execute_calls(calls, ready, &mut results, cut).await;
+        let cancelled = cut && ending.is_none();
+        let run_after_hooks = !cancelled && ending.is_none();
+        self.record_results(
+            calls,
+            results,
+            first_incomplete,
+            run_after_hooks,
+            &mut ending,
+        )
+        .await;
+        if cancelled {
+            return Err(self.cancelled_reason());
+        }
+        if ending.is_none() && !held.is_empty() {
+            Box::pin(self.park(calls, held)).await?;
+        }
+        if ending.is_none() {
+            let (judge, mut acting) = self.judge();
+            judge.round_results(&mut acting);
+        }
+        ending.map_or(Ok(()), Err)
+    }
+
+    /// Runs the `ready` calls of `calls` concurrently (one on the run's own
+    /// task), putting their results in `results`; nothing starts when `cut`.
+    /// Returns whether the run was cut (cancelled) by the end.
+    ///
+    /// **Invariant:** every spawned tool future has completed or been
+    /// dropped (aborted and awaited) before this returns.
+    pub(super) async fn execute_calls(
+        &mut self,
+        calls: &[ToolCall],
+        mut ready: Vec<(usize, Arc<dyn Tool>)>,
+        results: &mut [Option<ToolResult>],
+        mut cut: bool,
+    ) -> bool {
         if !cut {
             for (i, _) in &ready {
                 self.started(&calls[*i]);
@@ -306,9 +367,21 @@ impl Run {
             let at = |id: &str| calls.iter().position(|c| c.id == id);
             self.incomplete[first_incomplete..].sort_by_key(|c| at(&c.call_id));
         }
-        let cancelled = cut && ending.is_none();
+        cut
+    }
 
-        let run_after_hooks = !cancelled && ending.is_none();
+    /// Records `results` in call order: `AfterToolExecute` hooks (while
+    /// `run_after_hooks` and no hook failed; a failure goes to `ending`),
+    /// `ToolCallFinished`, the judge, the history. Calls without a result
+    /// are skipped.
+    pub(super) async fn record_results(
+        &mut self,
+        calls: &[ToolCall],
+        results: Vec<Option<ToolResult>>,
+        first_incomplete: usize,
+        run_after_hooks: bool,
+        ending: &mut Option<TerminationReason>,
+    ) {
         for (i, (call, result)) in calls.iter().zip(results).enumerate() {
             let Some(result) = result else { continue };
             if run_after_hooks && ending.is_none() {
@@ -318,7 +391,7 @@ impl Run {
                     ..Focus::default()
                 };
                 if let Err(reason) = self.hooks(Phase::AfterToolExecute, focus).await {
-                    ending = Some(reason);
+                    *ending = Some(reason);
                 }
             }
             self.emit(|| AgentEvent::ToolCallFinished {
@@ -341,14 +414,6 @@ impl Run {
             }
             self.history_mut().push(message);
         }
-        if cancelled {
-            return Err(self.cancelled_reason());
-        }
-        if ending.is_none() {
-            let (judge, mut acting) = self.judge();
-            judge.round_results(&mut acting);
-        }
-        ending.map_or(Ok(()), Err)
     }
 }
 

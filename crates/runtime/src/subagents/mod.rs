@@ -223,6 +223,12 @@ impl SubagentTool {
             .with_run_id(child_run_id.to_string())
             .with_cancellation(ctx.cancellation.clone())
             .with_event_sink(family.sink.clone());
+        request.root_run_id = Some(
+            parent
+                .root_run_id
+                .clone()
+                .unwrap_or_else(|| parent.run_id.clone()),
+        );
         // Limits: the entry's, capped by what the parent has left.
         let parent_rounds = *lock(&family.rounds_left);
         let rounds = [self.entry.max_rounds, parent_rounds]

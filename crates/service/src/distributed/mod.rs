@@ -46,6 +46,9 @@ use tokio::sync::broadcast;
 use tokio_util::task::TaskTracker;
 
 use crate::core::Core;
+use rein_runtime::approvals::{ApprovalError, Decided};
+use rein_runtime_contract::approval::{Decision, PendingApproval};
+
 use crate::error::ServiceError;
 use crate::mode::Mode;
 use crate::records::{RunEntry, RunStatus, finished_record};
@@ -359,6 +362,30 @@ impl Mode for Distributed {
             }),
             None => Err(ServiceError::unknown_run(run_id)),
         }
+    }
+
+    async fn decide_elsewhere(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        decision: Decision,
+    ) -> Result<Decided, ServiceError> {
+        let entry = self.core.records.get(run_id).ok_or_else(|| {
+            ServiceError::from(ApprovalError::UnknownApproval {
+                run_id: run_id.to_owned(),
+                call_id: call_id.to_owned(),
+            })
+        })?;
+        Core::decided_before(&entry, call_id, &decision)
+    }
+
+    async fn pending_approvals(
+        &self,
+        thread_id: Option<&str>,
+    ) -> Result<Vec<PendingApproval>, ServiceError> {
+        let mut pending = self.core.runtime.pending_approvals(None);
+        pending.retain(|p| Core::on_thread(p, thread_id));
+        Ok(pending)
     }
 
     async fn cancel_thread(&self, thread_id: &str) -> (bool, bool) {

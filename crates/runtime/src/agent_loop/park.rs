@@ -1,0 +1,195 @@
+//! A run parked for approvals: it waits, with its deadline paused, until
+//! every held call is decided (or a rule's timeout passes, or it is
+//! cancelled), then runs exactly the decided calls and goes on.
+//!
+//! Between the park and the decided calls nothing runs again: no hook of
+//! the round, no inference — the round's other calls already ran and their
+//! results are in the history.
+
+use std::sync::Arc;
+
+use rein_runtime_contract::approval::Decision;
+use rein_runtime_contract::event::AgentEvent;
+use rein_runtime_contract::lifecycle::TerminationReason;
+use rein_runtime_contract::message::{ToolCall, ToolResult};
+use rein_runtime_contract::tool::Tool;
+use tokio::time::Instant;
+
+use super::{DeadlineWatchdog, Run};
+use crate::approvals::{Held, Parked, rejected_text};
+
+impl Run {
+    /// Parks the run on `held` calls of `calls` and, once they are all
+    /// decided, runs and records them. `Err` when the run ends while parked.
+    pub(super) async fn park(
+        &mut self,
+        calls: &[ToolCall],
+        held: Vec<(usize, Held)>,
+    ) -> Result<(), TerminationReason> {
+        let parked = self
+            .control
+            .parked
+            .get_or_init(|| Arc::new(Parked::default()))
+            .clone();
+        parked.hold(held.iter().map(|(_, h)| h.clone()).collect());
+        // The thread shows the round so far (the other calls' results)
+        // while the run waits.
+        self.parked_round = self
+            .request
+            .messages
+            .iter()
+            .rposition(|m| !m.tool_calls.is_empty());
+        self.persist().await?;
+        for (_, h) in &held {
+            let p = &h.pending;
+            self.emit(|| AgentEvent::ApprovalRequested {
+                run_id: p.run_id.clone(),
+                thread_id: p.thread_id.clone(),
+                call_id: p.call_id.clone(),
+                tool: p.tool.clone(),
+                arguments: p.arguments.clone(),
+                kind: p.kind,
+                expires_at: p.expires_at.clone(),
+            });
+        }
+        tracing::debug!(calls = held.len(), "run parked for approvals");
+        // Parked time does not count toward the run's deadline nor its
+        // `timeout` stop condition.
+        let parked_at = Instant::now();
+        self.watchdog = DeadlineWatchdog(None);
+        let ended = self.wait_decisions(&parked).await;
+        let parked_for = parked_at.elapsed();
+        self.started += parked_for;
+        self.deadline = self.deadline.map(|d| d + parked_for);
+        self.watchdog = DeadlineWatchdog::start(&self.control, self.deadline);
+        if let Some(reason) = ended {
+            self.parked_pending = parked.pending();
+            return Err(reason);
+        }
+        let decided = self.run_decided(calls, parked.all(), held).await;
+        if decided.is_ok() {
+            self.parked_round = None;
+        }
+        decided
+    }
+
+    /// Waits until every held call is decided (`None`), or the run ends
+    /// while parked (the reason).
+    async fn wait_decisions(&self, parked: &Parked) -> Option<TerminationReason> {
+        loop {
+            if parked.complete() {
+                return None;
+            }
+            let next = parked.next_deadline();
+            tokio::select! {
+                biased;
+                () = self.control.token.cancelled() => return Some(self.cancelled_reason()),
+                () = parked.decided.notified() => {}
+                () = sleep_until(next) => {
+                    let (_, stop) = parked.expire(Instant::now());
+                    if let Some(detail) = stop {
+                        return Some(TerminationReason::stopped("approval_timeout", detail));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the decided calls: approved ones with their arguments, edited
+    /// ones with the edited arguments; rejected and answered ones get their
+    /// results. Records them all in call order.
+    async fn run_decided(
+        &mut self,
+        calls: &[ToolCall],
+        decided: Vec<Held>,
+        held: Vec<(usize, Held)>,
+    ) -> Result<(), TerminationReason> {
+        let mut calls = calls.to_vec();
+        let mut results: Vec<Option<ToolResult>> = vec![None; calls.len()];
+        let mut ready: Vec<(usize, Arc<dyn Tool>)> = Vec::new();
+        let mut edited: Vec<usize> = Vec::new();
+        for ((i, _), h) in held.iter().zip(&decided) {
+            let (i, call_id) = (*i, &h.pending.call_id);
+            let Some(decision) = &h.decision else {
+                continue;
+            };
+            let name = if h.timed_out {
+                "timeout"
+            } else {
+                decision.name()
+            };
+            self.emit(|| AgentEvent::ApprovalDecided {
+                run_id: self.id.run_id.clone(),
+                thread_id: self.id.thread_id.clone(),
+                call_id: call_id.clone(),
+                decision: name.to_owned(),
+            });
+            let tool = self.agent.tools.get(&calls[i].name).cloned();
+            let answer = |content: String, is_error: bool| {
+                Some(ToolResult {
+                    call_id: call_id.clone(),
+                    name: h.pending.tool.clone(),
+                    content,
+                    is_error,
+                })
+            };
+            match (decision, tool) {
+                (Decision::Approve, Some(tool)) => ready.push((i, tool)),
+                (Decision::Edit { arguments }, Some(tool)) => {
+                    calls[i].arguments = arguments.clone();
+                    edited.push(i);
+                    ready.push((i, tool));
+                }
+                (Decision::Reject { reason }, _) => {
+                    results[i] = answer(rejected_text(reason.as_deref()), true);
+                }
+                (Decision::Respond { result }, _) => {
+                    let text = match result {
+                        serde_json::Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    results[i] = answer(text, h.timed_out);
+                }
+                // The gate holds only calls of the agent's tools.
+                (Decision::Approve | Decision::Edit { .. }, None) => {
+                    results[i] = answer(format!("error: unknown tool \"{}\"", calls[i].name), true);
+                }
+            }
+            if results[i].is_some() {
+                self.started(&calls[i]);
+            }
+        }
+        let first_incomplete = self.incomplete.len();
+        let cut = self
+            .execute_calls(
+                &calls,
+                ready,
+                &mut results,
+                self.control.token.is_cancelled(),
+            )
+            .await;
+        for i in edited {
+            if let Some(result) = &mut results[i] {
+                result.content = format!(
+                    "(run with arguments edited by a person: {})\n{}",
+                    calls[i].arguments, result.content
+                );
+            }
+        }
+        let mut ending = None;
+        self.record_results(&calls, results, first_incomplete, !cut, &mut ending)
+            .await;
+        if cut {
+            return Err(self.cancelled_reason());
+        }
+        ending.map_or(Ok(()), Err)
+    }
+}
+
+/// Sleeps until `at`, or forever.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
