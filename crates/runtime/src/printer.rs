@@ -254,6 +254,15 @@ fn status_line(event: &AgentEvent) -> Option<String> {
             shorten(error)
         ),
         AgentEvent::Nudge { text, .. } => format!("[nudge] {}", shorten(text)),
+        AgentEvent::ApprovalRequested {
+            tool, arguments, ..
+        } => format!(
+            "[approval] waiting: {tool} {}",
+            shorten(&arguments.to_string())
+        ),
+        AgentEvent::ApprovalDecided {
+            call_id, decision, ..
+        } => format!("[approval] {call_id}: {decision}"),
         AgentEvent::Progress {
             message,
             tokens_used_session,

@@ -344,9 +344,10 @@ fn builder_with(
         }
         builder = builder.with_model(spec);
     }
-    let mut terminate = false;
+    let (mut terminate, mut ask_user) = (false, false);
     for agent in &deployment.agents {
         terminate |= agent.spec.plugin_ids.iter().any(|p| p == "terminate");
+        ask_user |= agent.spec.plugin_ids.iter().any(|p| p == "ask_user");
         let mut spec = agent.spec.clone();
         if let Some(tools) = agent_tools.remove(&spec.id).filter(|t| !t.is_empty()) {
             let plugin_id = format!("mcp:{}", spec.id);
@@ -357,6 +358,9 @@ fn builder_with(
     }
     if terminate {
         builder = builder.with_plugin("terminate", Arc::new(TerminatePlugin::new()));
+    }
+    if ask_user {
+        builder = builder.with_plugin("ask_user", Arc::new(rein::approvals::AskUserPlugin::new()));
     }
     Ok(builder)
 }

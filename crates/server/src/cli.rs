@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
+use rein::contract::approval::{PendingApproval, PendingKind};
+use rein::contract::event::AgentEvent;
 use rein::contract::message::Message;
 use rein::{TerminalPrinter, TerminationReason};
 
@@ -179,6 +181,34 @@ fn check(config: &Path, probe: bool) -> ExitCode {
     let Some(deployment) = load(config, &mut stdout) else {
         return ExitCode::FAILURE;
     };
+    for agent in &deployment.agents {
+        let rules = &agent.spec.approvals;
+        if rules.is_empty() {
+            continue;
+        }
+        let tools = crate::deployment::agent_tool_names(agent);
+        println!(
+            "agent \"{}\": {} approval rule(s), first match decides, no match runs the call:",
+            agent.spec.id,
+            rules.len()
+        );
+        for (i, rule) in rules.iter().enumerate() {
+            let matched: Vec<&str> = tools
+                .iter()
+                .filter(|t| rule.matches_tool(t))
+                .map(String::as_str)
+                .collect();
+            let timeout = rule
+                .timeout_seconds
+                .map(|s| format!(", timeout {s} s then {:?}", rule.on_timeout).to_lowercase())
+                .unwrap_or_default();
+            println!(
+                "  [{i}] {}{timeout} (tools: {})",
+                rule.describe(),
+                matched.join(", ")
+            );
+        }
+    }
     if !probe {
         println!("ok");
         return ExitCode::SUCCESS;
@@ -363,16 +393,32 @@ async fn run_command(
     let mut ctrl_c = std::pin::pin!(signal());
     let mut events = std::pin::pin!(crate::http::run_log(entry.clone(), 0));
     let mut interrupted = false;
+    let mut prompter = crate::prompt::Prompter::new();
     loop {
         tokio::select! {
             next = events.next() => match next {
                 Some(logged) => {
                     if let Some(event) = logged.event() {
                         printer.print(event);
+                        match event {
+                            AgentEvent::ApprovalRequested { run_id, thread_id, call_id, tool, arguments, kind, expires_at } => {
+                                let mut pending = PendingApproval::new(run_id, thread_id, call_id, tool, arguments.clone());
+                                pending.kind = *kind;
+                                pending.expires_at.clone_from(expires_at);
+                                if *kind == PendingKind::Question {
+                                    pending.question = arguments.get("question").and_then(|q| q.as_str()).map(str::to_owned);
+                                    pending.options = arguments.get("options").and_then(|o| o.as_array()).map(|o| o.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default();
+                                }
+                                prompter.requested(pending);
+                            }
+                            AgentEvent::ApprovalDecided { call_id, .. } => prompter.decided(call_id),
+                            _ => {}
+                        }
                     }
                 }
                 None => break,
             },
+            line = prompter.next_line() => prompter.answer(&service, line).await,
             _ = &mut ctrl_c, if !interrupted => {
                 interrupted = true;
                 if let Err(e) = service.cancel_run(&entry.run_id).await {

@@ -22,6 +22,7 @@ pub mod cli;
 pub mod deployment;
 pub mod http;
 pub mod probe;
+mod prompt;
 mod replay;
 
 /// Run control as a service (`rein-service`), which the HTTP API, AG-UI

@@ -7,6 +7,13 @@ use serde_json::Value;
 
 /// Whether `value` fits `schema`; `Err` names the first field that does not.
 pub(crate) fn check(schema: &Value, value: &Value) -> Result<(), String> {
+    // A tool's arguments are a JSON object, whatever its schema says.
+    if !value.is_object() {
+        return Err(format!(
+            "`arguments` must be an object, got {}",
+            shown(value)
+        ));
+    }
     at(schema, value, "arguments")
 }
 

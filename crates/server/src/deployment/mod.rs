@@ -28,7 +28,7 @@ pub use scripted::{ScriptedItem, ScriptedReply, ScriptedToolCall, ScriptedUsage}
 use positions::Positions;
 
 /// The plugins a deployment file can list in `plugin_ids`.
-pub const BUILT_IN_PLUGINS: &[&str] = &["terminate"];
+pub const BUILT_IN_PLUGINS: &[&str] = &["terminate", "ask_user"];
 
 /// The separator of an MCP tool's qualified name: `<server id>__<tool>`.
 pub const MCP_TOOL_SEPARATOR: &str = "__";
@@ -565,6 +565,11 @@ impl Deployment {
                 }
             }
         }
+        for (i, agent) in self.agents.iter().enumerate() {
+            for (path, message) in approval_errors(agent) {
+                error(&format!("agents[{i}].{path}"), message);
+            }
+        }
         let specs: Vec<AgentSpec> = self.agents.iter().map(|a| a.spec.clone()).collect();
         if let Some(cycle) = rein::contract::spec::subagent_cycle(&specs) {
             // At the entry that closes the cycle.
@@ -584,6 +589,76 @@ impl Deployment {
         }
         errors
     }
+}
+
+/// The names of the tools `agent` has: its MCP tools, its plugins',
+/// its sub-agents', and `read_artifact` with a context policy that
+/// offloads.
+pub fn agent_tool_names(agent: &AgentConfig) -> Vec<String> {
+    let mut names: Vec<String> = agent.tools.clone();
+    for plugin in &agent.spec.plugin_ids {
+        match plugin.as_str() {
+            "terminate" => names.push("terminate".to_owned()),
+            "ask_user" => names.push(rein::approvals::ASK_USER.to_owned()),
+            _ => {}
+        }
+    }
+    names.extend(
+        agent
+            .spec
+            .subagents
+            .iter()
+            .map(|s| s.tool_name().to_owned()),
+    );
+    if agent
+        .spec
+        .context
+        .as_ref()
+        .is_some_and(|c| c.uses_artifacts())
+    {
+        names.push(rein::context::READ_ARTIFACT.to_owned());
+    }
+    names
+}
+
+/// Each approval rule of `agent` that cannot be used: its path under the
+/// agent (`approvals[1].tool`) and what is wrong.
+fn approval_errors(agent: &AgentConfig) -> Vec<(String, String)> {
+    let id = &agent.spec.id;
+    let names = agent_tool_names(agent);
+    let mut errors = Vec::new();
+    for (j, rule) in agent.spec.approvals.iter().enumerate() {
+        if let Err(e) = rule.check() {
+            let field = ["when", "timeout_seconds", "tool"]
+                .into_iter()
+                .find(|f| e.message.contains(&format!("`{f}")))
+                .unwrap_or("tool");
+            let path = match (
+                field,
+                rule.when
+                    .keys()
+                    .find(|k| e.message.contains(&format!("`when.{k}`"))),
+            ) {
+                ("when", Some(arg)) => format!("approvals[{j}].when.{arg}"),
+                (field, _) => format!("approvals[{j}].{field}"),
+            };
+            errors.push((path, format!("agent \"{id}\": {e}")));
+            continue;
+        }
+        if !names.iter().any(|n| rule.matches_tool(n)) {
+            let mut listed = names.clone();
+            listed.sort();
+            errors.push((
+                format!("approvals[{j}].tool"),
+                format!(
+                    "agent \"{id}\": approval rule tool \"{}\" matches none of the agent's tools ({}); fix the name or the glob",
+                    rule.tool,
+                    if listed.is_empty() { "it has none".to_owned() } else { listed.join(", ") }
+                ),
+            ));
+        }
+    }
+    errors
 }
 
 fn known<'a>(ids: impl Iterator<Item = &'a String>) -> String {

@@ -77,6 +77,11 @@ fn status(e: &ServiceError) -> u16 {
         | E::RunIdInUse { .. }
         | E::RunNotRunning { .. }
         | E::ToolCall(_) => 409,
+        E::Approval(a) => match a {
+            rein::approvals::ApprovalError::UnknownApproval { .. } => 404,
+            rein::approvals::ApprovalError::AlreadyDecided { .. } => 409,
+            _ => 422,
+        },
         E::ShuttingDown | E::StoreUnavailable { .. } => 503,
         _ => 500,
     }

@@ -22,6 +22,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
+use rein::contract::approval::{Decision, PendingApproval};
 use rein::contract::message::Message;
 use serde::{Deserialize, Serialize};
 
@@ -55,6 +56,11 @@ pub fn router(
             "/v1/runs/{run_id}/tool_calls/{call_id}/cancel",
             post(cancel_tool_call),
         )
+        .route(
+            "/v1/runs/{run_id}/approvals/{call_id}",
+            post(decide_approval),
+        )
+        .route("/v1/approvals", get(approvals))
         .route("/v1/threads/{thread_id}/messages", get(messages))
         .route("/v1/threads/{thread_id}", delete(delete_thread))
         .route("/v1/ag-ui/{agent_id}", post(agui::run))
@@ -238,6 +244,45 @@ async fn cancel_tool_call(
         )
     };
     Ok((status, Json(body)))
+}
+
+/// `POST /v1/runs/{run_id}/approvals/{call_id}`: a decision on a pending
+/// call (`docs/approvals.md`).
+async fn decide_approval(
+    State(service): State<Service>,
+    scope: Option<axum::Extension<guard::Scope>>,
+    PathParams((run_id, call_id)): PathParams<(String, String)>,
+    JsonBody(decision): JsonBody<Decision>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    if let Some(axum::Extension(scope)) = &scope {
+        let entry = service.run(&run_id).await?;
+        scope.check_agent(&entry.agent_id)?;
+    }
+    let decided = service.decide(&run_id, &call_id, decision).await?;
+    Ok(Json(
+        serde_json::json!({"call_id": decided.call_id, "decision": decided.decision}),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApprovalsQuery {
+    #[serde(default)]
+    thread_id: Option<String>,
+}
+
+/// `GET /v1/approvals[?thread_id=]`: every pending approval.
+async fn approvals(
+    State(service): State<Service>,
+    query: Result<axum::extract::Query<ApprovalsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Vec<PendingApproval>>, ApiError> {
+    let axum::extract::Query(query) =
+        query.map_err(|r| ApiError::new(400, "invalid_query", r.body_text()))?;
+    Ok(Json(
+        service
+            .pending_approvals(query.thread_id.as_deref())
+            .await?,
+    ))
 }
 
 async fn messages(
