@@ -164,7 +164,7 @@ async fn an_approved_call_runs_once_with_its_arguments_and_no_model_request_come
     let events = sink.events();
     let k = kinds(&events);
     let decided_at = k.iter().position(|k| *k == "approval_decided").unwrap();
-    assert_eq!(k[decided_at - 1], "approval_requested");
+    assert_eq!(&k[decided_at - 2..decided_at], ["approval_requested", "run_parked"]);
     assert_eq!(
         &k[decided_at + 1..decided_at + 3],
         ["tool_call_started", "tool_call_finished"]

@@ -250,6 +250,18 @@ pub enum AgentEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         expires_at: Option<String>,
     },
+    /// The run parked: every call of the round that could run has run,
+    /// and it now waits for decisions on `pending` (each announced by its
+    /// `approval_requested` just before). Clients that end a stream on an
+    /// interrupt (AG-UI) end it here.
+    RunParked {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The calls it waits on.
+        pending: Vec<crate::approval::PendingApproval>,
+    },
     /// A pending call was decided (`approve`, `reject`, `edit`, `respond`;
     /// `timeout` when its rule's timeout passed); once every pending call
     /// is, the same run goes on.
@@ -314,6 +326,7 @@ impl AgentEvent {
             Self::SubagentStarted { .. } => "subagent_started",
             Self::SubagentFinished { .. } => "subagent_finished",
             Self::ApprovalRequested { .. } => "approval_requested",
+            Self::RunParked { .. } => "run_parked",
             Self::ApprovalDecided { .. } => "approval_decided",
             Self::RunFinished { .. } => "run_finished",
         }
@@ -338,6 +351,7 @@ impl AgentEvent {
             | Self::SubagentStarted { run_id, .. }
             | Self::SubagentFinished { run_id, .. }
             | Self::ApprovalRequested { run_id, .. }
+            | Self::RunParked { run_id, .. }
             | Self::ApprovalDecided { run_id, .. }
             | Self::RunFinished { run_id, .. } => run_id,
         }
@@ -362,6 +376,7 @@ impl AgentEvent {
             | Self::SubagentStarted { thread_id, .. }
             | Self::SubagentFinished { thread_id, .. }
             | Self::ApprovalRequested { thread_id, .. }
+            | Self::RunParked { thread_id, .. }
             | Self::ApprovalDecided { thread_id, .. }
             | Self::RunFinished { thread_id, .. } => thread_id,
         }

@@ -461,3 +461,176 @@ async fn concurrent_sub_agents_and_a_nested_one_pass_the_client_verifier() {
     assert_eq!(events.last().unwrap()["type"], "RUN_FINISHED");
     server.stop().await;
 }
+
+/// Agents that park: `ops` asks before `terminate`, `asker` asks the user
+/// a question, `lead` hands a task to `worker`, which asks before
+/// `terminate`.
+const APPROVAL_YAML: &str = r#"
+providers:
+  ops:
+    kind: scripted
+    chunk_delay_ms: 5
+    responses:
+      - { text: "Finishing.", tool_calls: [ { name: terminate, arguments: { status: success, message: done } } ] }
+  asker:
+    kind: scripted
+    responses:
+      - { tool_calls: [ { name: ask_user, arguments: { question: "Which region?", options: [eu, us] } } ] }
+      - "Deploying to the chosen region."
+  worker:
+    kind: scripted
+    responses:
+      - { text: "Wrapping up.", tool_calls: [ { name: terminate, arguments: { status: success, message: wrapped } } ] }
+  lead:
+    kind: scripted
+    responses:
+      - { text: "Delegating.", tool_calls: [ { name: worker, arguments: { task: "finish up" } } ] }
+      - "The worker finished."
+models:
+  ops: { provider: ops, model: o }
+  asker: { provider: asker, model: a }
+  worker: { provider: worker, model: w }
+  lead: { provider: lead, model: l }
+agents:
+  - { id: ops, model_id: ops, plugin_ids: [terminate], approvals: [ { tool: terminate, action: ask } ] }
+  - { id: asker, model_id: asker, plugin_ids: [ask_user] }
+  - { id: worker, model_id: worker, plugin_ids: [terminate], approvals: [ { tool: terminate, action: ask } ] }
+  - { id: lead, model_id: lead, subagents: [ { agent: worker } ] }
+"#;
+
+/// The approval scenario's two runs, accepted by the client (no error,
+/// no warning): the first's and the second's events.
+fn two_runs(seen: &Value) -> (Vec<Value>, Vec<Value>) {
+    assert_eq!(seen["first"]["error"], Value::Null, "{seen}");
+    assert_eq!(seen["second"]["error"], Value::Null, "{seen}");
+    assert_eq!(seen["warnings"], json!([]), "{seen}");
+    (
+        seen["first"]["events"].as_array().unwrap().clone(),
+        seen["second"]["events"].as_array().unwrap().clone(),
+    )
+}
+
+#[tokio::test]
+async fn a_parked_run_ends_the_stream_on_an_interrupt_and_a_resume_carries_it_to_its_end() {
+    let Some(modules) = client() else { return };
+    let server = Server::start(APPROVAL_YAML).await;
+    let seen = node(&modules, &server.at("/v1/ag-ui/ops"), "approval").await;
+    let (first, second) = two_runs(&seen);
+    let finished = first.last().unwrap();
+    assert_eq!(finished["type"], "RUN_FINISHED", "{first:#?}");
+    let interrupts = finished["outcome"]["interrupts"].as_array().unwrap();
+    assert_eq!(finished["outcome"]["type"], "interrupt");
+    assert_eq!(interrupts.len(), 1);
+    assert_eq!(interrupts[0]["reason"], "tool_approval");
+    let call = interrupts[0]["toolCallId"].as_str().unwrap();
+    // The call was announced before the interrupt, and not run.
+    assert!(
+        first
+            .iter()
+            .any(|e| e["type"] == "TOOL_CALL_START" && e["toolCallId"] == call)
+    );
+    assert!(!first.iter().any(|e| e["type"] == "TOOL_CALL_RESULT"));
+    assert_eq!(seen["pending"].as_array().unwrap().len(), 1, "{seen}");
+    // The resume's stream carries the same Rein run to its end.
+    assert_eq!(second[0]["type"], "RUN_STARTED");
+    assert!(
+        second
+            .iter()
+            .any(|e| e["type"] == "TOOL_CALL_RESULT" && e["toolCallId"] == call)
+    );
+    let end = second.last().unwrap();
+    assert_eq!(end["type"], "RUN_FINISHED", "{second:#?}");
+    assert_eq!(end["result"]["stop_code"], "terminate", "{end}");
+    assert_eq!(seen["after"], 0);
+    // One Rein run, decided once, its tool run once.
+    let (_, record) = server.get("/v1/runs/agui-approval-1").await;
+    assert_eq!(record["status"], "finished", "{record}");
+    let events = server.sse("/v1/runs/agui-approval-1/events", None).await;
+    let starts = events
+        .iter()
+        .filter(|(_, k, _)| k == "tool_call_started")
+        .count();
+    assert_eq!(starts, 1);
+    let (status, _) = server.get("/v1/runs/agui-approval-2").await;
+    assert_eq!(status, 404, "the resume is not a new Rein run");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_cancelled_interrupt_rejects_the_call_and_the_run_goes_on() {
+    let Some(modules) = client() else { return };
+    let server = Server::start(APPROVAL_YAML).await;
+    let seen = node(&modules, &server.at("/v1/ag-ui/ops"), "approval-reject").await;
+    let (_, second) = two_runs(&seen);
+    let result = second
+        .iter()
+        .find(|e| e["type"] == "TOOL_CALL_RESULT")
+        .unwrap();
+    assert!(
+        result["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("not run: rejected"),
+        "{result}"
+    );
+    assert_eq!(second.last().unwrap()["type"], "RUN_FINISHED");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_ask_user_question_is_an_input_required_interrupt_answered_by_the_resume() {
+    let Some(modules) = client() else { return };
+    let server = Server::start(APPROVAL_YAML).await;
+    let seen = node(&modules, &server.at("/v1/ag-ui/asker"), "question").await;
+    let (first, second) = two_runs(&seen);
+    let interrupt = &first.last().unwrap()["outcome"]["interrupts"][0];
+    assert_eq!(interrupt["reason"], "input_required", "{interrupt}");
+    assert_eq!(interrupt["message"], "Which region?");
+    assert_eq!(
+        interrupt["responseSchema"]["properties"]["result"]["enum"],
+        json!(["eu", "us"])
+    );
+    let result = second
+        .iter()
+        .find(|e| e["type"] == "TOOL_CALL_RESULT")
+        .unwrap();
+    assert_eq!(result["content"], "eu");
+    assert!(second.iter().any(|e| e["type"] == "TEXT_MESSAGE_CONTENT"
+        && e["delta"].as_str().unwrap_or("").contains("Deploying")));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_approval_inside_a_sub_agent_surfaces_at_the_root_and_resumes_the_child() {
+    let Some(modules) = client() else { return };
+    let server = Server::start(APPROVAL_YAML).await;
+    let seen = node(&modules, &server.at("/v1/ag-ui/lead"), "approval-subagent").await;
+    let (first, second) = two_runs(&seen);
+    let suspended = first
+        .iter()
+        .find(|e| e["type"] == "SUBAGENT_FINISHED")
+        .unwrap_or_else(|| panic!("{first:#?}"));
+    assert_eq!(suspended["outcome"]["type"], "suspended", "{suspended}");
+    let child = suspended["subagentRunId"].as_str().unwrap();
+    let interrupt = &first.last().unwrap()["outcome"]["interrupts"][0];
+    assert_eq!(interrupt["subagentRunId"], child, "{interrupt}");
+    assert_eq!(
+        suspended["outcome"]["interruptIds"],
+        json!([interrupt["id"]])
+    );
+    // The resume restarts the child's segment, runs its call, ends both.
+    assert!(
+        second
+            .iter()
+            .any(|e| e["type"] == "SUBAGENT_STARTED" && e["subagentRunId"] == child)
+    );
+    let done = second
+        .iter()
+        .find(|e| e["type"] == "SUBAGENT_FINISHED")
+        .unwrap_or_else(|| panic!("{second:#?}"));
+    assert_eq!(done["result"]["stop_code"], "terminate", "{done}");
+    let end = second.last().unwrap();
+    assert_eq!(end["type"], "RUN_FINISHED");
+    assert_eq!(end["result"]["termination"]["type"], "natural_end", "{end}");
+    server.stop().await;
+}

@@ -52,6 +52,18 @@ impl Run {
                 expires_at: p.expires_at.clone(),
             });
         }
+        self.emit(|| AgentEvent::RunParked {
+            run_id: self.id.run_id.clone(),
+            thread_id: self.id.thread_id.clone(),
+            pending: held
+                .iter()
+                .map(|(_, h)| {
+                    let mut p = h.pending.clone();
+                    p.root_run_id = self.control.root_run_id.as_deref().map(str::to_owned);
+                    p
+                })
+                .collect(),
+        });
         tracing::debug!(calls = held.len(), "run parked for approvals");
         // Parked time does not count toward the run's deadline nor its
         // `timeout` stop condition.

@@ -33,9 +33,10 @@
 //!   are `<child run id>:<call id>` (two runs' models may reuse an id, and
 //!   the client's verifier refuses one id owned by two runs).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use rein::TerminationReason;
+use rein::contract::approval::PendingKind;
 use rein::events::AgentEvent;
 use serde_json::{Value, json};
 
@@ -57,6 +58,14 @@ struct Run {
     /// From its `run_finished`: its answer and outputs.
     response: String,
     outputs: BTreeMap<String, Value>,
+    /// Calls announced (`TOOL_CALL_START`…`END`) when they were held for
+    /// approval: their start after the decision announces nothing again.
+    announced: HashSet<String>,
+    /// The AG-UI ids of its interrupts in the current park.
+    interrupts: Vec<String>,
+    /// For a sub-agent: its agent and its parent's AG-UI tool call id.
+    agent: Option<String>,
+    parent_call: Option<String>,
 }
 
 impl Run {
@@ -71,7 +80,34 @@ impl Run {
             last_text: String::new(),
             response: String::new(),
             outputs: BTreeMap::new(),
+            announced: HashSet::new(),
+            interrupts: Vec::new(),
+            agent: None,
+            parent_call: None,
         }
+    }
+
+    /// `TOOL_CALL_START`, `_ARGS`, `_END` for one of its calls.
+    fn announce_call(
+        &mut self,
+        call_id: &str,
+        name: &str,
+        arguments: &Value,
+        emitted: &mut Vec<String>,
+        out: &mut Vec<Value>,
+    ) {
+        self.end_text(out);
+        let id = self.tool_call_id(call_id);
+        emitted.push(id.clone());
+        let mut start = json!({"type": "TOOL_CALL_START", "toolCallId": id, "toolCallName": name});
+        if let Some(parent) = &self.last_message {
+            start["parentMessageId"] = json!(parent);
+        }
+        out.push(self.tagged(start));
+        out.push(self.tagged(
+            json!({"type": "TOOL_CALL_ARGS", "toolCallId": id, "delta": arguments.to_string()}),
+        ));
+        out.push(self.tagged(json!({"type": "TOOL_CALL_END", "toolCallId": id})));
     }
 
     /// `value` with the run's `subagentRunId`, if it is a sub-agent.
@@ -153,17 +189,9 @@ impl Run {
                 arguments,
                 ..
             } => {
-                self.end_text(out);
-                let id = self.tool_call_id(call_id);
-                emitted.push(id.clone());
-                let mut start =
-                    json!({"type": "TOOL_CALL_START", "toolCallId": id, "toolCallName": name});
-                if let Some(parent) = &self.last_message {
-                    start["parentMessageId"] = json!(parent);
+                if !self.announced.remove(call_id) {
+                    self.announce_call(call_id, name, arguments, emitted, out);
                 }
-                out.push(self.tagged(start));
-                out.push(self.tagged(json!({"type": "TOOL_CALL_ARGS", "toolCallId": id, "delta": arguments.to_string()})));
-                out.push(self.tagged(json!({"type": "TOOL_CALL_END", "toolCallId": id})));
             }
             AgentEvent::ToolCallFinished {
                 call_id, result, ..
@@ -175,6 +203,44 @@ impl Run {
             _ => {}
         }
     }
+}
+
+/// An AG-UI interrupt for a held call (`id`): `tool_approval` with a
+/// `responseSchema` for the decision, or `input_required` for an
+/// `ask_user` question (its message the question, its schema the options).
+fn interrupt(id: &str, tool: &str, arguments: &Value, kind: PendingKind) -> Value {
+    if kind == PendingKind::Question {
+        let question = arguments
+            .get("question")
+            .and_then(Value::as_str)
+            .map_or_else(|| arguments.to_string(), str::to_owned);
+        let mut result = json!({"type": "string"});
+        if let Some(options) = arguments.get("options").and_then(Value::as_array) {
+            result["enum"] = json!(options);
+        }
+        return json!({
+            "id": id, "reason": "input_required", "message": question,
+            "responseSchema": {
+                "type": "object",
+                "properties": {"decision": {"const": "respond"}, "result": result},
+                "required": ["decision", "result"],
+            },
+        });
+    }
+    json!({
+        "id": id, "reason": "tool_approval",
+        "message": format!("Approve calling {tool} with {arguments}?"),
+        "responseSchema": {
+            "type": "object",
+            "properties": {
+                "decision": {"enum": ["approve", "reject", "edit", "respond"]},
+                "arguments": {"type": "object"},
+                "reason": {"type": "string"},
+                "result": {},
+            },
+            "required": ["decision"],
+        },
+    })
 }
 
 /// `{termination, stop_code?, stop_detail?}`: how a run ended, as in
@@ -192,7 +258,15 @@ fn termination_result(termination: &TerminationReason) -> Value {
 /// JSON texts.
 pub(super) struct Translator {
     thread_id: String,
+    /// The AG-UI run id (`RUN_STARTED`/`RUN_FINISHED`).
     run_id: String,
+    /// The Rein run at the root (the AG-UI run id, except when a
+    /// resumed stream carries a parked run on).
+    root: String,
+    /// The interrupts of the current park, in the order requested.
+    interrupts: Vec<Value>,
+    /// Whether the stream ended on an interrupt (the run goes on).
+    suspended: bool,
     /// The root and the sub-agents not ended yet, by Rein run id.
     runs: HashMap<String, Run>,
     /// The sub-agents not ended yet, in the order they started.
@@ -207,6 +281,9 @@ impl Translator {
         Self {
             thread_id: thread_id.to_owned(),
             run_id: run_id.to_owned(),
+            root: run_id.to_owned(),
+            interrupts: Vec::new(),
+            suspended: false,
             runs: HashMap::from([(run_id.to_owned(), Run::new(None, None))]),
             open_children: Vec::new(),
             emitted: Vec::new(),
@@ -214,12 +291,68 @@ impl Translator {
         }
     }
 
-    /// `RUN_STARTED`.
+    /// A translator for the AG-UI run `run_id` that carries the parked
+    /// Rein run `root` on from its park: `before` (the root's log up to
+    /// and with its `run_parked`) tells it the tree so far; the sub-agents
+    /// that were suspended start again when [`start`](Self::start) does.
+    pub(super) fn resuming(
+        thread_id: &str,
+        run_id: &str,
+        root: &str,
+        before: &[AgentEvent],
+    ) -> Self {
+        let mut translator = Self::new(thread_id, run_id);
+        translator.root = root.to_owned();
+        translator.runs = HashMap::from([(root.to_owned(), Run::new(None, None))]);
+        for event in before {
+            if matches!(event, AgentEvent::RunParked { .. }) {
+                continue;
+            }
+            translator.translate(event);
+        }
+        translator.emitted.clear();
+        translator.interrupts.clear();
+        for run in translator.runs.values_mut() {
+            run.interrupts.clear();
+            run.step = None;
+            run.text = None;
+        }
+        translator
+    }
+
+    /// Whether the stream ended on an interrupt (the run is parked, not
+    /// over: dropping the stream must not cancel it).
+    pub(super) fn suspended(&self) -> bool {
+        self.suspended
+    }
+
+    /// Whether `RUN_FINISHED` (or `RUN_ERROR`) was sent.
+    pub(super) fn done(&self) -> bool {
+        self.done
+    }
+
+    /// `RUN_STARTED`, and a resumed stream's suspended sub-agents again.
     pub(super) fn start(&self) -> Vec<String> {
-        vec![
+        let mut out = vec![
             json!({"type": "RUN_STARTED", "threadId": self.thread_id, "runId": self.run_id})
                 .to_string(),
-        ]
+        ];
+        for child in &self.open_children {
+            let Some(run) = self.runs.get(child) else {
+                continue;
+            };
+            let mut started = json!({"type": "SUBAGENT_STARTED", "subagentRunId": child, "name": run.agent.clone().unwrap_or_default()});
+            if let Some(parent) = run.parent.as_deref().and_then(|p| self.runs.get(p))
+                && let Some(tag) = &parent.tag
+            {
+                started["parentSubagentRunId"] = json!(tag);
+            }
+            if let Some(call) = &run.parent_call {
+                started["parentToolCallId"] = json!(call);
+            }
+            out.push(started.to_string());
+        }
+        out
     }
 
     /// The ids of the messages and tool calls emitted since the last call
@@ -227,6 +360,23 @@ impl Translator {
     /// conversation, and they are not the root thread's to append).
     pub(super) fn take_emitted_ids(&mut self) -> Vec<String> {
         std::mem::take(&mut self.emitted)
+    }
+
+    /// Ends sub-agent `child`'s segment of the stream while it is parked
+    /// (or runs on beside a parked one): its open message and step, then
+    /// `SUBAGENT_FINISHED {outcome: {type: "suspended", interruptIds}}`.
+    /// It stays known, so a resumed stream starts it again.
+    fn suspend_child(&mut self, child: &str, out: &mut Vec<Value>) {
+        self.open_children.retain(|id| id != child);
+        let Some(run) = self.runs.get_mut(child) else {
+            return;
+        };
+        run.end_step(out);
+        let ids = std::mem::take(&mut run.interrupts);
+        out.push(json!({
+            "type": "SUBAGENT_FINISHED", "subagentRunId": child,
+            "outcome": {"type": "suspended", "interruptIds": ids},
+        }));
     }
 
     /// Ends sub-agent `child`: first its own open sub-agents (latest
@@ -306,7 +456,9 @@ impl Translator {
                         started["parentSubagentRunId"] = json!(tag);
                     }
                     out.push(started);
-                    let child = Run::new(Some(child_run_id.clone()), Some(run_id.to_owned()));
+                    let mut child = Run::new(Some(child_run_id.clone()), Some(run_id.to_owned()));
+                    child.agent = Some(agent_id.clone());
+                    child.parent_call = Some(parent.tool_call_id(call_id));
                     self.runs.insert(child_run_id.clone(), child);
                     self.open_children.push(child_run_id.clone());
                 }
@@ -320,7 +472,47 @@ impl Translator {
                     self.finish_child(child_run_id, Some(termination), &mut out);
                 }
             }
-            AgentEvent::RunFinished { termination, .. } if run_id == self.run_id => {
+            AgentEvent::ApprovalRequested {
+                call_id,
+                tool,
+                arguments,
+                kind,
+                expires_at,
+                ..
+            } => {
+                if let Some(run) = self.runs.get_mut(run_id) {
+                    run.announce_call(call_id, tool, arguments, &mut self.emitted, &mut out);
+                    run.announced.insert(call_id.clone());
+                    let id = run.tool_call_id(call_id);
+                    run.interrupts.push(id.clone());
+                    let mut interrupt = interrupt(&id, tool, arguments, *kind);
+                    interrupt["toolCallId"] = json!(id);
+                    if let Some(at) = expires_at {
+                        interrupt["expiresAt"] = json!(at);
+                    }
+                    if let Some(tag) = &run.tag {
+                        interrupt["subagentRunId"] = json!(tag);
+                    }
+                    self.interrupts.push(interrupt);
+                }
+            }
+            AgentEvent::RunParked { .. } if self.runs.contains_key(run_id) => {
+                // The stream ends here: the run waits for the resume.
+                while let Some(child) = self.open_children.last().cloned() {
+                    self.suspend_child(&child, &mut out);
+                }
+                if let Some(root) = self.runs.get_mut(&self.root) {
+                    root.end_step(&mut out);
+                    root.interrupts.clear();
+                }
+                self.done = true;
+                self.suspended = true;
+                out.push(json!({
+                    "type": "RUN_FINISHED", "threadId": self.thread_id, "runId": self.run_id,
+                    "outcome": {"type": "interrupt", "interrupts": std::mem::take(&mut self.interrupts)},
+                }));
+            }
+            AgentEvent::RunFinished { termination, .. } if run_id == self.root => {
                 // Every sub-agent still open ends first, latest first.
                 while let Some(child) = self.open_children.last().cloned() {
                     self.finish_child(&child, None, &mut out);

@@ -15,6 +15,20 @@ pub(crate) struct RunAgentInput {
     pub(crate) run_id: String,
     #[serde(default)]
     messages: Vec<AgUiMessage>,
+    /// Answers to the interrupts a parked run's stream ended with.
+    #[serde(default)]
+    pub(crate) resume: Vec<ResumeEntry>,
+}
+
+/// One entry of `RunAgentInput.resume`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ResumeEntry {
+    pub(crate) interrupt_id: String,
+    /// `resolved` (decided by `payload`) or `cancelled` (rejected).
+    pub(crate) status: String,
+    #[serde(default)]
+    pub(crate) payload: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -40,6 +40,8 @@ use crate::http::{ApiError, JsonBody, PathParams, run_log};
 use crate::service::{RunEntry, RunStatus, Service, Strategy, Submission};
 use events::Translator;
 use input::RunAgentInput;
+use rein::contract::approval::{Decision, PendingKind};
+use rein::events::AgentEvent;
 
 /// `POST /v1/ag-ui/{agent_id}`.
 pub(crate) async fn run(
@@ -61,6 +63,10 @@ pub(crate) async fn run(
             ),
         ));
     }
+    if !input.resume.is_empty() {
+        let (entry, translator, from) = resume(&service, &input).await?;
+        return Ok(Sse::new(stream(service, entry, translator, from).boxed()));
+    }
     // The ids (empty, too long, control characters) and the messages'
     // roles are checked by the service, for every entry point alike.
     let submission = Submission {
@@ -73,7 +79,106 @@ pub(crate) async fn run(
     let submitted = service.submit(&input.thread_id, submission).await?;
     let entry = service.live(&submitted).await?;
     let translator = Translator::new(&input.thread_id, &input.run_id);
-    Ok(Sse::new(stream(service, entry, translator)))
+    Ok(Sse::new(stream(service, entry, translator, 0).boxed()))
+}
+
+/// Decides a parked run's interrupts from `input.resume`; returns the
+/// root run's entry, a translator that knows the tree so far, and where
+/// in the root's log the continued run starts (after its `run_parked`).
+async fn resume(
+    service: &Service,
+    input: &RunAgentInput,
+) -> Result<(Arc<RunEntry>, Translator, u64), ApiError> {
+    let thread = &input.thread_id;
+    let pending = service.pending_approvals(Some(thread)).await?;
+    let Some(first) = pending.first() else {
+        return Err(ApiError::new(
+            409,
+            "no_pending_interrupts",
+            format!(
+                "thread \"{thread}\" has no run waiting on interrupts; send the input without `resume`"
+            ),
+        ));
+    };
+    let root = first
+        .root_run_id
+        .clone()
+        .unwrap_or_else(|| first.run_id.clone());
+    // Every entry is checked before any is decided.
+    let mut decisions = Vec::with_capacity(input.resume.len());
+    for entry in &input.resume {
+        let Some(p) = pending.iter().find(|p| {
+            let id = if p.root_run_id.is_some() {
+                format!("{}:{}", p.run_id, p.call_id)
+            } else {
+                p.call_id.clone()
+            };
+            id == entry.interrupt_id
+        }) else {
+            let open: Vec<String> = pending
+                .iter()
+                .map(|p| match p.root_run_id {
+                    Some(_) => format!("{}:{}", p.run_id, p.call_id),
+                    None => p.call_id.clone(),
+                })
+                .collect();
+            return Err(ApiError::new(
+                404,
+                "unknown_approval",
+                format!(
+                    "interrupt \"{}\" is not pending on thread \"{thread}\"; pending: {}",
+                    entry.interrupt_id,
+                    open.join(", ")
+                ),
+            ));
+        };
+        let decision = decision_of(entry, p.kind)?;
+        decisions.push((p.run_id.clone(), p.call_id.clone(), decision));
+    }
+    let run = service.run(&root).await?;
+    for (run_id, call_id, decision) in decisions {
+        service.decide(&run_id, &call_id, decision).await?;
+    }
+    let (events, _) = run.events_after(0);
+    let parked_at = events
+        .iter()
+        .rposition(|e| e.kind == "run_parked")
+        .map_or(0, |i| i + 1);
+    let before: Vec<AgentEvent> = events[..parked_at]
+        .iter()
+        .filter_map(|e| e.event().cloned())
+        .collect();
+    let translator = Translator::resuming(thread, &input.run_id, &root, &before);
+    Ok((run, translator, parked_at as u64))
+}
+
+/// The decision an AG-UI resume entry means: `cancelled` rejects;
+/// `resolved` carries the decision's JSON as its payload (for a question,
+/// a bare answer is a `respond`).
+fn decision_of(entry: &input::ResumeEntry, kind: PendingKind) -> Result<Decision, ApiError> {
+    let invalid = |message: String| ApiError::new(422, "invalid_decision", message);
+    match (entry.status.as_str(), &entry.payload) {
+        ("cancelled", _) => Ok(Decision::Reject { reason: None }),
+        ("resolved", Some(payload)) if payload.get("decision").is_some() => {
+            serde_json::from_value(payload.clone()).map_err(|e| {
+                invalid(format!(
+                    "interrupt \"{}\": payload is not a decision ({e}); send {{\"decision\": \"approve\" | \"reject\" | \"edit\" | \"respond\", …}}",
+                    entry.interrupt_id
+                ))
+            })
+        }
+        ("resolved", Some(answer)) if kind == PendingKind::Question => Ok(Decision::Respond {
+            result: answer.get("result").cloned().unwrap_or_else(|| answer.clone()),
+        }),
+        ("resolved", _) => Err(invalid(format!(
+            "interrupt \"{}\": a resolved entry needs a payload {{\"decision\": …}}",
+            entry.interrupt_id
+        ))),
+        (other, _) => Err(invalid(format!(
+            "interrupt \"{}\": unknown status \"{other}\"; use resolved or cancelled",
+            entry.interrupt_id
+        ))),
+    }
 }
 
 /// The AG-UI events of one run; dropping it before `RUN_FINISHED` (the
@@ -84,15 +189,26 @@ fn stream(
     service: Service,
     entry: Arc<RunEntry>,
     mut translator: Translator,
+    from: u64,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    let guard = AbortOnDrop(Some(entry.clone()));
+    let suspended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let guard = AbortOnDrop(Some(entry.clone()), suspended.clone());
     let first = futures::stream::iter(translator.start());
     let thread_id = entry.thread_id.clone();
-    let rest = run_log(entry, 0).then(move |logged| {
-        let out = match logged.event() {
+    let rest = run_log(entry, from).then(move |logged| {
+        let mut out = match logged.event() {
             Some(event) => translator.translate(event),
             None => Vec::new(),
         };
+        if translator.suspended() {
+            suspended.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        // The stream ends with the run's end, or with an interrupt (the
+        // run goes on without it): `None` marks the end.
+        let mut out: Vec<Option<String>> = out.drain(..).map(Some).collect();
+        if translator.done() {
+            out.push(None);
+        }
         let ids = translator.take_emitted_ids();
         let service = service.clone();
         let thread_id = thread_id.clone();
@@ -105,20 +221,26 @@ fn stream(
             futures::stream::iter(out)
         }
     });
-    first.chain(rest.flatten()).map(move |json| {
-        let _keep = &guard;
-        Ok(Event::default().data(json))
-    })
+    first
+        .map(Some)
+        .chain(rest.flatten())
+        .take_while(|item| std::future::ready(item.is_some()))
+        .filter_map(|item| std::future::ready(item))
+        .map(move |json| {
+            let _keep = &guard;
+            Ok(Event::default().data(json))
+        })
 }
 
 /// Cancels the run when the response stream is dropped before the run
 /// finished.
-struct AbortOnDrop(Option<Arc<RunEntry>>);
+struct AbortOnDrop(Option<Arc<RunEntry>>, Arc<std::sync::atomic::AtomicBool>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         if let Some(entry) = self.0.take()
             && entry.status() != RunStatus::Finished
+            && !self.1.load(std::sync::atomic::Ordering::SeqCst)
         {
             entry.cancellation().cancel();
         }

@@ -693,6 +693,7 @@ const AGENT_ITEM_KEYS: &[&str] = &[
     "escalation",
     "tool_rules",
     "subagents",
+    "approvals",
     "tools",
 ];
 

@@ -1,7 +1,8 @@
 // Drives Rein's AG-UI endpoint with the official client (@ag-ui/client's
 // HttpAgent) and prints one JSON line with what it saw.
 //   node client.cjs <endpoint url> <scenario: conversation | abort | error |
-//     subagent | subagent-error | subagent-abort | subagent-cancel | subagent-tree>
+//     subagent | subagent-error | subagent-abort | subagent-cancel | subagent-tree |
+//     approval | approval-reject | approval-subagent | question>
 // The sub-agent scenarios record whole events (else only their types), and
 // the client's own warnings (an event it had to strip or drop).
 const { HttpAgent } = require("@ag-ui/client");
@@ -86,6 +87,46 @@ async function main() {
     }
     const messages = agent.messages.map((m) => ({ id: m.id, role: m.role, subagentRunId: m.subagentRunId }));
     console.log(JSON.stringify({ first, second, messages, warnings }));
+  } else if (scenario.startsWith("approval") || scenario === "question") {
+    // A run that parks ends on an interrupt; a second run resumes it.
+    delete process.env.SUPPRESS_TRANSFORMATION_WARNINGS;
+    const warn = console.warn;
+    console.warn = (...args) => {
+      warnings.push(args.map(String).join(" "));
+      warn(...args);
+    };
+    agent.messages = [{ id: "u1", role: "user", content: "go ahead" }];
+    const first = await run(agent, `agui-${scenario}-1`, undefined, { full: true });
+    const pending = (agent.pendingInterrupts || []).map((i) => ({ ...i }));
+    const finished = first.events.find((e) => e.type === "RUN_FINISHED");
+    const interrupts = (finished && finished.outcome && finished.outcome.interrupts) || [];
+    const payload =
+      scenario === "question"
+        ? { decision: "respond", result: "eu" }
+        : scenario === "approval-reject"
+          ? undefined
+          : { decision: "approve" };
+    const resume = interrupts.map((i) =>
+      payload === undefined
+        ? { interruptId: i.id, status: "cancelled" }
+        : { interruptId: i.id, status: "resolved", payload },
+    );
+    const second = await new Promise((resolve) => setTimeout(resolve, 10)).then(async () => {
+      const events = [];
+      let error;
+      try {
+        await agent.runAgent(
+          { runId: `agui-${scenario}-2`, resume },
+          { onEvent: ({ event }) => events.push(event) },
+        );
+      } catch (e) {
+        error = String(e && e.message ? e.message : e);
+      }
+      return { events, error };
+    });
+    const after = (agent.pendingInterrupts || []).length;
+    const messages = agent.messages.map((m) => ({ id: m.id, role: m.role, toolCalls: (m.toolCalls || []).map((c) => c.id), content: m.content }));
+    console.log(JSON.stringify({ first, pending, second, after, messages, warnings }));
   } else {
     throw new Error(`unknown scenario ${scenario}`);
   }
