@@ -643,3 +643,79 @@ fn check_says_indentation_mistakes_and_negative_counts_in_words_once_positioned(
         );
     }
 }
+
+#[test]
+fn run_asks_at_the_terminal_and_the_typed_answer_and_approval_decide() {
+    let mut child = rein()
+        .args(["run", "--config"])
+        .arg(examples().join("rein-approvals.yaml"))
+        .arg("Release the new build")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Option 1 of the question, then the approval.
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"1\napprove\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    for line in [
+        "? Which environment should I release to?",
+        "  1. staging",
+        "[approval] waiting: ask_user",
+        "[tool] ask_user -> staging",
+        "approval needed: terminate",
+        "[approval] waiting: terminate",
+        "[end] stopped (terminate)",
+    ] {
+        assert!(stderr.lines().any(|l| l.contains(line)), "{line:?} in:\n{stderr}");
+    }
+}
+
+#[test]
+fn check_lists_approval_rules_and_positions_one_that_matches_no_tool() {
+    let out = rein()
+        .args(["check", "--config"])
+        .arg(examples().join("rein-approvals.yaml"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("agent \"releaser\": 2 approval rule(s)"), "{stdout}");
+    assert!(stdout.contains("[1] ask terminate, timeout 600 s then reject (tools: terminate)"), "{stdout}");
+
+    let bad = file(
+        "approvals-bad",
+        r#"providers:
+  p: { kind: scripted, responses: ["hi"] }
+models:
+  m: { provider: p, model: x }
+agents:
+  - id: a
+    model_id: m
+    plugin_ids: [terminate]
+    approvals:
+      - { tool: terminate, action: ask }
+      - { tool: "fs__*", action: deny }
+      - { tool: terminate, when: { message: "(" }, action: deny }
+"#,
+    );
+    let out = rein().args(["check", "--config"]).arg(&bad).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("rein.yaml:11:") && text.contains("\"fs__*\" matches none of the agent's tools (terminate)"),
+        "{text}"
+    );
+    assert!(text.contains("rein.yaml:12:") && text.contains("`when.message` is not a valid regex"), "{text}");
+}
