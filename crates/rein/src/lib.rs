@@ -184,7 +184,9 @@ pub use rein_runtime_contract::config;
 /// until a person decides ([`AgentRuntime::decide`]); the `ask_user`
 /// plugin. `docs/approvals.md` explains the lifecycle.
 pub mod approvals {
-    pub use rein_runtime::approvals::{ASK_USER, ApprovalError, AskUserPlugin, Decided};
+    pub use rein_runtime::approvals::{
+        ASK_USER, ApprovalError, AskUserPlugin, Decided, ParkedRun, check_arguments,
+    };
     pub use rein_runtime_contract::approval::{
         ApprovalAction, ApprovalRule, Decision, OnTimeout, PendingApproval, PendingKind, RuleError,
     };

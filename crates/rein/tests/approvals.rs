@@ -164,7 +164,10 @@ async fn an_approved_call_runs_once_with_its_arguments_and_no_model_request_come
     let events = sink.events();
     let k = kinds(&events);
     let decided_at = k.iter().position(|k| *k == "approval_decided").unwrap();
-    assert_eq!(&k[decided_at - 2..decided_at], ["approval_requested", "run_parked"]);
+    assert_eq!(
+        &k[decided_at - 2..decided_at],
+        ["approval_requested", "run_parked"]
+    );
     assert_eq!(
         &k[decided_at + 1..decided_at + 3],
         ["tool_call_started", "tool_call_finished"]
@@ -634,4 +637,153 @@ async fn an_approval_inside_a_sub_agent_surfaces_with_its_root_and_resumes_the_c
     let result = run.await.unwrap().unwrap();
     assert_eq!(result.response, "the worker finished");
     assert_eq!(ran.lock().unwrap().len(), 1);
+}
+
+/// A store shared by two runtimes whose writes can be cut off, as a
+/// process killed mid-park writes nothing more.
+struct Freezable {
+    inner: Arc<rein::thread_store::InMemoryThreadStore>,
+    frozen: std::sync::atomic::AtomicBool,
+}
+
+#[rein::async_trait]
+impl rein::thread_store::ThreadStore for Freezable {
+    async fn load(
+        &self,
+        thread_id: &str,
+    ) -> Result<Vec<Message>, rein::thread_store::ThreadStoreError> {
+        self.inner.load(thread_id).await
+    }
+    async fn append(
+        &self,
+        thread_id: &str,
+        messages: &[Message],
+    ) -> Result<(), rein::thread_store::ThreadStoreError> {
+        if self.frozen.load(Ordering::SeqCst) {
+            return Err(rein::thread_store::ThreadStoreError::new(
+                thread_id, "frozen",
+            ));
+        }
+        self.inner.append(thread_id, messages).await
+    }
+    async fn replace(
+        &self,
+        thread_id: &str,
+        messages: &[Message],
+    ) -> Result<(), rein::thread_store::ThreadStoreError> {
+        if self.frozen.load(Ordering::SeqCst) {
+            return Err(rein::thread_store::ThreadStoreError::new(
+                thread_id, "frozen",
+            ));
+        }
+        self.inner.replace(thread_id, messages).await
+    }
+}
+
+#[tokio::test]
+async fn a_parked_run_is_carried_on_by_another_runtime_from_its_run_parked_event() {
+    let shared = Arc::new(rein::thread_store::InMemoryThreadStore::default());
+    let store_a = Arc::new(Freezable {
+        inner: shared.clone(),
+        frozen: false.into(),
+    });
+    let (ran_a, ran_b) = (Ran::default(), Ran::default());
+    let build =
+        |store: Arc<dyn rein::thread_store::ThreadStore>, ran: &Ran, model: ScriptedExecutor| {
+            AgentRuntimeBuilder::new()
+                .with_agent_spec(ops().with_model_id("m"))
+                .with_model(ModelSpec::new("m", "p", "x"))
+                .with_provider("p", Arc::new(model))
+                .with_tool("fs__write_file", recording_tool("fs__write_file", ran))
+                .with_tool("fs__read_file", recording_tool("fs__read_file", ran))
+                .with_tool("shell", recording_tool("shell", ran))
+                .with_tool("search", recording_tool("search", ran))
+                .with_thread_store(store)
+                .build()
+                .unwrap()
+        };
+    let (model_a, _) = counting_model(vec![ScriptedResponse::tool_calls(vec![
+        ("search", json!({"q": "x"})),
+        ("shell", json!({"cmd": "ls"})),
+        ("fs__read_file", json!({"path": "/tmp/a"})),
+    ])]);
+    let a = build(store_a.clone(), &ran_a, model_a);
+    let sink = Arc::new(CollectingSink::new());
+    let _parked_task = spawn(
+        &a,
+        RunRequest::new("t", vec![Message::user("go")])
+            .with_run_id("r")
+            .with_event_sink(sink.clone()),
+    );
+    let pending = until_pending(&a, "r", 2).await;
+    // One decision reached A before it was lost.
+    a.decide("r", &pending[0].call_id, Decision::Approve)
+        .unwrap();
+    store_a.frozen.store(true, Ordering::SeqCst);
+    let parked = sink
+        .events()
+        .into_iter()
+        .find_map(|e| match e {
+            AgentEvent::RunParked {
+                pending,
+                steps,
+                usage,
+                active_ms,
+                ..
+            } => Some((pending, steps, usage, active_ms)),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(parked.0.len(), 2);
+    assert_eq!(parked.1, 1);
+
+    let (model_b, asked_b) = counting_model(vec![ScriptedResponse::text("carried on")]);
+    let b = build(shared.clone(), &ran_b, model_b);
+    let mut resumed = rein::approvals::ParkedRun::new("r", "t", "ops", parked.0.clone());
+    resumed.steps = parked.1;
+    resumed.active = Duration::from_millis(parked.3);
+    resumed.decisions = vec![(pending[0].call_id.clone(), Decision::Approve)];
+    let sink_b = Arc::new(CollectingSink::new());
+    let run_b = spawn(
+        &b,
+        RunRequest::resume(resumed).with_event_sink(sink_b.clone()),
+    );
+    // The rest is decided on B.
+    let left = until_pending(&b, "r", 1).await;
+    assert_eq!(left[0].call_id, pending[1].call_id);
+    b.decide(
+        "r",
+        &left[0].call_id,
+        Decision::Reject {
+            reason: Some("no".into()),
+        },
+    )
+    .unwrap();
+    let result = run_b.await.unwrap().unwrap();
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    assert_eq!(result.response, "carried on");
+    assert_eq!(result.steps, 2, "rounds go on from the park");
+    assert_eq!(
+        asked_b.load(Ordering::SeqCst),
+        1,
+        "no model request before the decided calls"
+    );
+    // The approved call ran once, on B; nothing held ran on A.
+    assert_eq!(
+        ran_a.lock().unwrap().clone(),
+        vec![("search".to_owned(), json!({"q": "x"}))]
+    );
+    assert_eq!(
+        ran_b.lock().unwrap().clone(),
+        vec![("shell".to_owned(), json!({"cmd": "ls"}))]
+    );
+    assert!(
+        !kinds(&sink_b.events()).contains(&"run_started"),
+        "the same run goes on"
+    );
+    let history = rein::thread_store::ThreadStore::load(&*shared, "t")
+        .await
+        .unwrap();
+    common_history_valid(&history);
+    a.cancel_run("r");
 }

@@ -370,6 +370,35 @@ pub fn rfc3339(at: SystemTime) -> String {
     )
 }
 
+/// The instant an [`rfc3339`] text names (`YYYY-MM-DDTHH:MM:SS[.mmm]Z`);
+/// `None` for any other form.
+pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
+    let text = text.strip_suffix('Z')?;
+    let (date, time) = text.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (year, month, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, millis) = match time.split_once('.') {
+        Some((hms, frac)) => (hms, format!("{frac:0<3}").get(..3)?.parse::<u64>().ok()?),
+        None => (time, 0),
+    };
+    let mut t = hms.splitn(3, ':').map(|p| p.parse::<u64>().ok());
+    let (h, m, s) = (t.next()??, t.next()??, t.next()??);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || h > 23 || m > 59 || s > 60 {
+        return None;
+    }
+    // Days since 1970-01-01 from a civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
+    Some(
+        UNIX_EPOCH + Duration::from_millis((days * 86_400 + h * 3600 + m * 60 + s) * 1000 + millis),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,6 +422,10 @@ mod tests {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
+        for at in [at, UNIX_EPOCH, leap] {
+            assert_eq!(parse_rfc3339(&rfc3339(at)), Some(at));
+        }
+        assert_eq!(parse_rfc3339("2026-13-01T00:00:00Z"), None);
     }
 
     #[test]

@@ -261,6 +261,15 @@ pub enum AgentEvent {
         thread_id: String,
         /// The calls it waits on.
         pending: Vec<crate::approval::PendingApproval>,
+        /// Inferences made so far (to resume the run elsewhere).
+        #[serde(default)]
+        steps: u32,
+        /// Usage so far.
+        #[serde(default)]
+        usage: TokenUsage,
+        /// Time the run has been active (not parked), in milliseconds.
+        #[serde(default)]
+        active_ms: u64,
     },
     /// A pending call was decided (`approve`, `reject`, `edit`, `respond`;
     /// `timeout` when its rule's timeout passed); once every pending call

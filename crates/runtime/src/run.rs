@@ -28,6 +28,8 @@ pub struct RunRequest {
     pub(crate) parent_pool: Option<Arc<crate::subagents::budget::Pool>>,
     /// A sub-agent's root run (the run at the top of its tree).
     pub(crate) root_run_id: Option<Arc<str>>,
+    /// A parked run to carry on instead of a new one.
+    pub(crate) resume: Option<Box<crate::approvals::ParkedRun>>,
 }
 
 impl std::fmt::Debug for RunRequest {
@@ -63,7 +65,21 @@ impl RunRequest {
             timeout: None,
             parent_pool: None,
             root_run_id: None,
+            resume: None,
         }
+    }
+
+    /// A request that carries on `parked` — a run parked for approvals in
+    /// another process, or before a restart — with its id, thread and
+    /// agent; its stored decisions apply at once and it waits for the
+    /// rest. Start it like any request (a sink and a cancellation token
+    /// may be added).
+    pub fn resume(parked: crate::approvals::ParkedRun) -> Self {
+        let mut request = Self::new(parked.thread_id.clone(), Vec::new())
+            .with_run_id(parked.run_id.clone())
+            .with_agent_id(parked.agent_id.clone());
+        request.resume = Some(Box::new(parked));
+        request
     }
 
     /// The id the run gets, instead of one the runtime makes (e.g. a

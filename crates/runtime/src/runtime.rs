@@ -373,6 +373,7 @@ impl Inner {
             max_rounds,
             timeout,
             parent_pool,
+            resume,
             ..
         } = request;
         let sink = event_sink
@@ -391,6 +392,7 @@ impl Inner {
             timeout,
             parent_pool,
             trace_content: self.config.trace_content,
+            resume,
         };
         let span = telemetry::run_span(&setup.agent.spec.id, &thread_id, &run_id);
         let task_run_id = run_id.clone();

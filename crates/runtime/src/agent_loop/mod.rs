@@ -93,6 +93,8 @@ pub(crate) struct RunSetup {
     pub(crate) parent_pool: Option<Arc<Pool>>,
     /// Whether spans record message contents.
     pub(crate) trace_content: bool,
+    /// A parked run to carry on instead of starting one.
+    pub(crate) resume: Option<Box<crate::approvals::ParkedRun>>,
 }
 
 /// Runs one run to its end and reports it. Never panics on misbehaving
@@ -111,6 +113,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         timeout,
         parent_pool,
         trace_content,
+        resume,
     } = setup;
     let mut request = InferenceRequest::new(agent.model.upstream_model.clone(), Vec::new());
     if !agent.spec.system_prompt.is_empty() {
@@ -122,7 +125,11 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
     request.max_output_tokens = agent.model.max_output_tokens;
     let mut state = RunState::new(&agent.keys);
     state.ensure::<StopStatsKey>();
-    let started = Instant::now();
+    // A run carried on from a park counts the time it was active before.
+    let active = resume.as_ref().map_or(Duration::ZERO, |r| r.active);
+    let started = Instant::now()
+        .checked_sub(active)
+        .unwrap_or_else(Instant::now);
     // The sooner of the agent's deadline and the request's; one too far
     // away to represent is no deadline.
     let time_limit = agent.deadline.into_iter().chain(timeout).min();
@@ -199,16 +206,25 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         cache_usage: None,
         response: String::new(),
     };
-    run.emit(|| AgentEvent::RunStarted {
-        run_id: run.id.run_id.clone(),
-        thread_id: run.id.thread_id.clone(),
-        agent_id: run.id.agent_id.clone(),
-    });
+    // A run carried on from a park started long ago: its stream goes on.
+    if resume.is_none() {
+        run.emit(|| AgentEvent::RunStarted {
+            run_id: run.id.run_id.clone(),
+            thread_id: run.id.thread_id.clone(),
+            agent_id: run.id.agent_id.clone(),
+        });
+    }
     // `start` and `finish` are boxed: each runs once, and keeping their
     // state out of this future makes every waiting run ~1 KB smaller.
-    let reason = match Box::pin(run.start(input)).await {
-        Ok(()) => run.rounds().await,
-        Err(reason) => reason,
+    let reason = match resume {
+        Some(parked) => match Box::pin(run.resume_parked(*parked)).await {
+            Ok(()) => run.round_loop().await,
+            Err(reason) => reason,
+        },
+        None => match Box::pin(run.start(input)).await {
+            Ok(()) => run.rounds().await,
+            Err(reason) => reason,
+        },
     };
     // Work has stopped; a deadline passing now must not turn the reason
     // into a cancellation.
@@ -437,6 +453,12 @@ impl Run {
         if let Err(reason) = self.hooks(Phase::RunStart, Focus::default()).await {
             return reason;
         }
+        self.round_loop().await
+    }
+
+    /// The rounds after `RunStart` (where a run carried on from a park
+    /// goes on).
+    async fn round_loop(&mut self) -> TerminationReason {
         loop {
             if let Some(reason) = self.termination() {
                 return reason;

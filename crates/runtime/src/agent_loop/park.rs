@@ -16,7 +16,7 @@ use rein_runtime_contract::tool::Tool;
 use tokio::time::Instant;
 
 use super::{DeadlineWatchdog, Run};
-use crate::approvals::{Held, Parked, rejected_text};
+use crate::approvals::{Held, Parked, ParkedRun, rejected_text};
 
 impl Run {
     /// Parks the run on `held` calls of `calls` and, once they are all
@@ -32,6 +32,74 @@ impl Run {
             .get_or_init(|| Arc::new(Parked::default()))
             .clone();
         parked.hold(held.iter().map(|(_, h)| h.clone()).collect());
+        self.announce_park(&held).await?;
+        self.wait_and_run(calls, held, &parked).await
+    }
+
+    /// Carries on a run parked elsewhere ([`ParkedRun`]): its thread's
+    /// stored last round holds the calls it waits on; the decisions taken
+    /// so far apply, and it waits for the rest here.
+    pub(super) async fn resume_parked(
+        &mut self,
+        resumed: ParkedRun,
+    ) -> Result<(), TerminationReason> {
+        let thread = self.id.thread_id.clone();
+        let history = self
+            .store
+            .load(&thread)
+            .await
+            .map_err(super::store_failed)?;
+        self.persisted = history.len();
+        self.request.messages = Arc::new(history);
+        self.steps = resumed.steps;
+        self.usage = resumed.usage;
+        let cannot = |why: String| {
+            TerminationReason::Error(format!("the parked run could not be carried on: {why}"))
+        };
+        let at = self
+            .request
+            .messages
+            .iter()
+            .rposition(|m| !m.tool_calls.is_empty())
+            .ok_or_else(|| cannot("its thread has no round with tool calls".into()))?;
+        let calls = self.request.messages[at].tool_calls.clone();
+        let mut held = Vec::with_capacity(resumed.pending.len());
+        for p in resumed.pending {
+            let i = calls
+                .iter()
+                .position(|c| c.id == p.call_id)
+                .ok_or_else(|| {
+                    cannot(format!(
+                        "call {} is not in its thread's last round",
+                        p.call_id
+                    ))
+                })?;
+            let parameters = self
+                .agent
+                .tools
+                .get(&calls[i].name)
+                .map(|t| t.descriptor().parameters)
+                .unwrap_or_default();
+            held.push((i, Held::resumed(p, &self.agent.gate, &calls[i], parameters)));
+        }
+        let parked = self
+            .control
+            .parked
+            .get_or_init(|| Arc::new(Parked::default()))
+            .clone();
+        parked.hold(held.iter().map(|(_, h)| h.clone()).collect());
+        for (call_id, decision) in resumed.decisions {
+            if let Err(error) = parked.decide(&self.id.run_id, &call_id, decision) {
+                tracing::warn!(%error, call_id, "a stored decision was not applied");
+            }
+        }
+        self.parked_round = Some(at);
+        self.wait_and_run(&calls, held, &parked).await
+    }
+
+    /// Announces the park: the round so far stored, `approval_requested`
+    /// per held call, `run_parked`.
+    async fn announce_park(&mut self, held: &[(usize, Held)]) -> Result<(), TerminationReason> {
         // The thread shows the round so far (the other calls' results)
         // while the run waits.
         self.parked_round = self
@@ -40,7 +108,7 @@ impl Run {
             .iter()
             .rposition(|m| !m.tool_calls.is_empty());
         self.persist().await?;
-        for (_, h) in &held {
+        for (_, h) in held {
             let p = &h.pending;
             self.emit(|| AgentEvent::ApprovalRequested {
                 run_id: p.run_id.clone(),
@@ -63,13 +131,27 @@ impl Run {
                     p
                 })
                 .collect(),
+            steps: self.steps,
+            usage: self.usage,
+            active_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
         });
         tracing::debug!(calls = held.len(), "run parked for approvals");
+        Ok(())
+    }
+
+    /// Waits for the decisions on `held` (deadline paused), then runs
+    /// the decided calls.
+    async fn wait_and_run(
+        &mut self,
+        calls: &[ToolCall],
+        held: Vec<(usize, Held)>,
+        parked: &Arc<Parked>,
+    ) -> Result<(), TerminationReason> {
         // Parked time does not count toward the run's deadline nor its
         // `timeout` stop condition.
         let parked_at = Instant::now();
         self.watchdog = DeadlineWatchdog(None);
-        let ended = self.wait_decisions(&parked).await;
+        let ended = self.wait_decisions(parked).await;
         let parked_for = parked_at.elapsed();
         self.started += parked_for;
         self.deadline = self.deadline.map(|d| d + parked_for);

@@ -126,6 +126,37 @@ pub(crate) struct Held {
 }
 
 impl Held {
+    /// A held call carried on from `pending` (its timeout counted from its
+    /// `expires_at`, which a rule of `gate` set).
+    pub(crate) fn resumed(
+        pending: PendingApproval,
+        gate: &Gate,
+        call: &ToolCall,
+        parameters: serde_json::Value,
+    ) -> Self {
+        let deadline = match (gate.check(call), pending.expires_at.as_deref()) {
+            (Gated::Ask(rule), Some(at)) => rule.rule.timeout_seconds.and_then(|secs| {
+                let at = rein_runtime_contract::approval::parse_rfc3339(at)?;
+                let left = at
+                    .duration_since(SystemTime::now())
+                    .unwrap_or(Duration::ZERO);
+                Some((
+                    tokio::time::Instant::now() + left,
+                    Duration::from_secs(secs),
+                    rule.rule.on_timeout,
+                ))
+            }),
+            _ => None,
+        };
+        Self {
+            pending,
+            deadline,
+            decision: None,
+            timed_out: false,
+            parameters,
+        }
+    }
+
     /// A held call of `call` in `run_id` on `thread_id`.
     pub(crate) fn new(
         ids: (&str, &str),
@@ -165,6 +196,68 @@ impl Held {
             parameters,
         }
     }
+}
+
+/// A parked run to carry on in another process (or after a restart):
+/// what its `run_parked` event said, and the decisions taken since. Its
+/// thread's stored history holds the parked round (the assistant message
+/// with the held calls, and the other calls' results).
+///
+/// A run carried on so starts its detectors' windows and its plugins'
+/// state afresh; its rounds, usage and active time go on from the park.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ParkedRun {
+    /// The run (it keeps its id).
+    pub run_id: String,
+    /// Its thread.
+    pub thread_id: String,
+    /// Its agent.
+    pub agent_id: String,
+    /// The calls it waits on.
+    pub pending: Vec<PendingApproval>,
+    /// Decisions already taken, by call id.
+    pub decisions: Vec<(String, Decision)>,
+    /// Inferences made before the park.
+    pub steps: u32,
+    /// Usage before the park.
+    pub usage: rein_runtime_contract::message::TokenUsage,
+    /// Time the run was active before the park.
+    pub active: Duration,
+}
+
+impl ParkedRun {
+    /// A parked run of `agent_id` as its `run_parked` event described it.
+    pub fn new(
+        run_id: impl Into<String>,
+        thread_id: impl Into<String>,
+        agent_id: impl Into<String>,
+        pending: Vec<PendingApproval>,
+    ) -> Self {
+        Self {
+            run_id: run_id.into(),
+            thread_id: thread_id.into(),
+            agent_id: agent_id.into(),
+            pending,
+            decisions: Vec::new(),
+            steps: 0,
+            usage: Default::default(),
+            active: Duration::ZERO,
+        }
+    }
+}
+
+/// Checks edited `arguments` against a tool's `parameters` schema (the
+/// check [`AgentRuntime::decide`](crate::AgentRuntime::decide) makes), for
+/// a process that records a decision for a run parked elsewhere.
+///
+/// # Errors
+/// What does not fit, naming the field.
+pub fn check_arguments(
+    parameters: &serde_json::Value,
+    arguments: &serde_json::Value,
+) -> Result<(), String> {
+    schema::check(parameters, arguments)
 }
 
 /// The parked state of a run: its held calls and their decisions. Shared
