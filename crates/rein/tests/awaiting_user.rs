@@ -1,8 +1,9 @@
 //! `awaiting_user`: a final answer that asks the user something the agent
 //! needs ends the run `stopped(awaiting_user)`; a ladder can nudge it on
 //! instead; auto mode answers it with "proceed" nudges, up to a count. And
-//! the classifier's precision and recall on the labelled set in
-//! `tests/data/awaiting_user.jsonl`.
+//! the classifier's precision and recall on the labelled sets in
+//! `tests/data/awaiting_user.jsonl` and `tests/data/awaiting_user_heldout.jsonl`
+//! (tune and held-out halves, by language).
 
 #![allow(
     clippy::unwrap_used,
@@ -157,41 +158,83 @@ struct Labelled {
     id: String,
     awaiting: bool,
     text: String,
+    /// `en` or `zh` (the second set only).
+    #[serde(default)]
+    lang: String,
+    /// `tune` or `heldout` (the second set only).
+    #[serde(default)]
+    split: String,
+}
+
+fn load(data: &str) -> Vec<Labelled> {
+    data.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The classifier's confusion counts on some answers, with the misses.
+#[derive(Default)]
+struct Score {
+    tp: usize,
+    fp: usize,
+    fn_: usize,
+    n: usize,
+    misses: Vec<String>,
+}
+
+impl Score {
+    fn of<'a>(items: impl IntoIterator<Item = &'a Labelled>) -> Self {
+        let mut s = Self::default();
+        for item in items {
+            s.n += 1;
+            match (looks_like_awaiting_user(&item.text), item.awaiting) {
+                (true, true) => s.tp += 1,
+                (true, false) => {
+                    s.fp += 1;
+                    s.misses.push(format!("false positive {}", item.id));
+                }
+                (false, true) => {
+                    s.fn_ += 1;
+                    s.misses.push(format!("false negative {}", item.id));
+                }
+                (false, false) => {}
+            }
+        }
+        s
+    }
+
+    fn precision(&self) -> f64 {
+        self.tp as f64 / (self.tp + self.fp).max(1) as f64
+    }
+
+    fn recall(&self) -> f64 {
+        self.tp as f64 / (self.tp + self.fn_).max(1) as f64
+    }
+
+    fn line(&self, name: &str) -> String {
+        format!(
+            "{name}: {} answers, precision {:.3} ({}/{}), recall {:.3} ({}/{})",
+            self.n,
+            self.precision(),
+            self.tp,
+            self.tp + self.fp,
+            self.recall(),
+            self.tp,
+            self.tp + self.fn_
+        )
+    }
 }
 
 #[test]
 fn precision_and_recall_on_the_labelled_set() {
-    let data = include_str!("data/awaiting_user.jsonl");
-    let items: Vec<Labelled> = data
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let items = load(include_str!("data/awaiting_user.jsonl"));
     assert!(items.len() >= 200, "{} items", items.len());
-    let (mut tp, mut fp, mut fn_) = (0usize, 0usize, 0usize);
-    let mut misses = Vec::new();
-    for item in &items {
-        let said = looks_like_awaiting_user(&item.text);
-        match (said, item.awaiting) {
-            (true, true) => tp += 1,
-            (true, false) => {
-                fp += 1;
-                misses.push(format!("false positive {}", item.id));
-            }
-            (false, true) => {
-                fn_ += 1;
-                misses.push(format!("false negative {}", item.id));
-            }
-            (false, false) => {}
-        }
-    }
-    let precision = tp as f64 / (tp + fp).max(1) as f64;
-    let recall = tp as f64 / (tp + fn_).max(1) as f64;
+    let score = Score::of(&items);
+    let (precision, recall, misses) = (score.precision(), score.recall(), &score.misses);
     println!(
-        "awaiting_user on {} labelled answers: precision {precision:.3} ({tp}/{}), recall {recall:.3} ({tp}/{})\n{}",
-        items.len(),
-        tp + fp,
-        tp + fn_,
+        "{}\n{}",
+        score.line("awaiting_user on the first labelled set"),
         misses.join("\n")
     );
     assert!(
@@ -201,7 +244,45 @@ fn precision_and_recall_on_the_labelled_set() {
     assert!(recall >= RECALL_FLOOR, "recall {recall:.3}; {misses:?}");
 }
 
-/// The floors the classifier must keep (measured values are in
-/// docs/stop-policies.md).
+/// The floors the classifier must keep on the first set (measured values
+/// are in docs/stop-policies.md).
 const PRECISION_FLOOR: f64 = 0.95;
 const RECALL_FLOOR: f64 = 0.95;
+
+/// Floors on the second set (`awaiting_user_heldout.jsonl`), by split and
+/// language: (split, language or "" for both, precision, recall). Set a
+/// little below what the rules measured (docs/stop-policies.md); the
+/// held-out half was not read while tuning them.
+const SECOND_SET_FLOORS: &[(&str, &str, f64, f64)] = &[
+    ("heldout", "", 0.90, 0.83),
+    ("heldout", "en", 0.85, 0.82),
+    ("heldout", "zh", 0.95, 0.85),
+    ("tune", "", 0.98, 0.97),
+    ("tune", "en", 0.98, 0.96),
+    ("tune", "zh", 0.98, 0.97),
+];
+
+#[test]
+fn precision_and_recall_on_the_second_set_tune_and_held_out_halves() {
+    let items = load(include_str!("data/awaiting_user_heldout.jsonl"));
+    assert!(items.len() >= 380, "{} items", items.len());
+    let mut failures = Vec::new();
+    for &(split, lang, precision_floor, recall_floor) in SECOND_SET_FLOORS {
+        let score = Score::of(
+            items
+                .iter()
+                .filter(|i| i.split == split && (lang.is_empty() || i.lang == lang)),
+        );
+        let name = format!("{split} {}", if lang.is_empty() { "all" } else { lang });
+        println!("{}", score.line(&name));
+        // The held-out half's misses are not printed: they are not for
+        // tuning the rules.
+        if split == "tune" && lang.is_empty() && !score.misses.is_empty() {
+            println!("  {}", score.misses.join("\n  "));
+        }
+        if score.precision() < precision_floor || score.recall() < recall_floor {
+            failures.push(score.line(&name));
+        }
+    }
+    assert!(failures.is_empty(), "below the floors: {failures:?}");
+}

@@ -37,8 +37,10 @@ mod tool_calls;
 mod tool_errors;
 
 pub use awaiting_user::{
-    ANSWER_STARTS, ASKING_EN, ASKING_ZH, AwaitingUserDetector, CLOSING_CHARS, DONE_MARKERS,
-    NOT_ASKING, OFFERS, PENDING_MARKERS, PROCEED_NUDGE, looks_like_awaiting_user,
+    ANSWER_STARTS, ASKING_EN, ASKING_ZH, AwaitingUserDetector, BLOCKED, CLOSING_CHARS, COMPLETION,
+    CONDITIONAL, DEFERRED, DONE_MARKERS, HOLD, INVESTIGATION, NEEDS, NOT_ASKING, NOT_DONE,
+    NOT_NEEDED, OFFER_EXTRAS, OFFER_FORMS, PENDING_MARKERS, PROCEED_NUDGE, REQUEST_STARTS,
+    UNRESOLVED, WAITING, looks_like_awaiting_user,
 };
 pub use chanting::{CHANTING_NUDGE, ChantingDetector, MEAN_GAP_FACTOR};
 pub use progress::{ERROR_RATE_NUDGE, ErrorRateDetector, NO_PROGRESS_NUDGE, NoProgressDetector};
