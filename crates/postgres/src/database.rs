@@ -69,9 +69,17 @@ impl Database {
     pub async fn acquire(&self, thread_id: &str) -> Result<bool, crate::Error> {
         let held = self.leases.acquire(thread_id).await?.is_some();
         if held && self.leases.take_over(thread_id) {
+            // A run parked there whose calls never ran is carried on: its
+            // held calls stay open.
+            let parked = self.runs().parked(Some(thread_id)).await?;
+            let held_calls: Vec<String> = parked
+                .iter()
+                .filter(|p| p.thread_id == thread_id && !p.applied)
+                .flat_map(|p| crate::runs::parked_call_ids(&p.event))
+                .collect();
             let repaired = self
                 .store
-                .repair_lost(thread_id)
+                .repair_lost(thread_id, &held_calls)
                 .await
                 .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
             tracing::warn!(

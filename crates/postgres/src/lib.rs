@@ -54,7 +54,10 @@ pub use leases::Leases;
 pub use listing::RunSpan;
 pub use notify::{Listener, Notification};
 pub use retry::{is_transient, retry};
-pub use runs::{Claimed, NewRun, ORPHAN_GRACE, PgRuns, StoredEvent, StoredRun, SubmitOutcome};
+pub use runs::{
+    Claimed, NewRun, ORPHAN_GRACE, PgRuns, RecordedDecision, StoredEvent, StoredPark, StoredRun,
+    SubmitOutcome,
+};
 pub use store::{LOST_WORKER_NOTE, PgThreadStore, WRITE_RETRY};
 
 #[doc(no_inline)]

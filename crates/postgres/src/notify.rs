@@ -12,6 +12,7 @@
 //! | `rein_events` | `e:<run>` / `f:<run>` | [`Notification::Events`] (finished or not) |
 //! | `rein_cancel` | `run:<run>` | [`Notification::CancelRun`] |
 //! | `rein_cancel` | `call:<run> <call>` | [`Notification::CancelToolCall`] |
+//! | `rein_cancel` | `decide:<run>` | [`Notification::Decided`] |
 
 use sqlx::postgres::{PgListener, PgPool};
 
@@ -47,6 +48,11 @@ pub enum Notification {
         /// The run.
         run_id: String,
     },
+    /// A call a parked run waits on was decided (read the run's decisions).
+    Decided {
+        /// The run.
+        run_id: String,
+    },
     /// One tool call of a running run is asked to end.
     CancelToolCall {
         /// The run.
@@ -74,6 +80,7 @@ impl Notification {
                 finished: payload.starts_with('f'),
             }),
             ("rein_cancel", Some(("run", run))) => Some(Self::CancelRun { run_id: owned(run) }),
+            ("rein_cancel", Some(("decide", run))) => Some(Self::Decided { run_id: owned(run) }),
             ("rein_cancel", Some(("call", rest))) => {
                 let (run, call) = rest.split_once(' ')?;
                 Some(Self::CancelToolCall {
@@ -101,6 +108,7 @@ impl Notification {
                 format!("{}:{run_id}", if *finished { "f" } else { "e" }),
             ),
             Self::CancelRun { run_id } => ("rein_cancel", format!("run:{run_id}")),
+            Self::Decided { run_id } => ("rein_cancel", format!("decide:{run_id}")),
             Self::CancelToolCall { run_id, call_id } => {
                 ("rein_cancel", format!("call:{run_id} {call_id}"))
             }

@@ -194,14 +194,32 @@ impl PgThreadStore {
     /// # Cancel safety
     ///
     /// One transaction: dropped before it commits, nothing is repaired.
-    pub async fn repair_lost(&self, thread_id: &str) -> Result<usize, ThreadStoreError> {
+    pub async fn repair_lost(
+        &self,
+        thread_id: &str,
+        held: &[String],
+    ) -> Result<usize, ThreadStoreError> {
         let mut history = self.load(thread_id).await?;
+        // The round of a parked run's held calls stays as it is (the run
+        // is carried on); the rounds before it are repaired.
+        let parked_round = (!held.is_empty())
+            .then(|| {
+                history
+                    .iter()
+                    .rposition(|m| m.tool_calls.iter().any(|c| held.contains(&c.id)))
+            })
+            .flatten();
+        let tail = match parked_round {
+            Some(at) => history.split_off(at),
+            None => Vec::new(),
+        };
         let added = rein_runtime::history::repair_with_status(
             &mut history,
             0,
             LOST_WORKER_NOTE,
             rein_runtime_contract::lifecycle::ToolCallStatus::MayHaveCompleted,
         );
+        history.extend(tail);
         if added > 0 {
             self.replace(thread_id, &history).await?;
         }

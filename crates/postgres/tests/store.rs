@@ -171,7 +171,7 @@ async fn a_lost_run_s_open_calls_are_answered_as_may_have_completed() {
         )
         .await
         .unwrap();
-    assert_eq!(store.repair_lost(&t).await.unwrap(), 1);
+    assert_eq!(store.repair_lost(&t, &[]).await.unwrap(), 1);
     let history = store.load(&t).await.unwrap();
     let repaired = history.last().unwrap();
     assert_eq!(repaired.tool_call_id.as_deref(), Some("c2"));

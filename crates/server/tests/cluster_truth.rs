@@ -623,3 +623,118 @@ async fn a_child_cancelled_from_another_process_ends_alone_and_its_parent_goes_o
     assert_eq!(record["response"], "The helper counted.");
     let _ = std::fs::remove_file(&path);
 }
+
+/// A deployment whose `ops` asks before `terminate` (on the shared
+/// database, leases of `lease_seconds`).
+fn approval_config(name: &str, lease_seconds: u64) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "rein-cluster-approval-{name}-{}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+providers:
+  ops:
+    kind: scripted
+    responses:
+      - {{ text: "Finishing.", tool_calls: [ {{ name: terminate, arguments: {{ status: success, message: done }} }} ] }}
+models:
+  ops: {{ provider: ops, model: x }}
+agents:
+  - {{ id: ops, model_id: ops, plugin_ids: [terminate], approvals: [ {{ tool: terminate, action: ask }} ] }}
+store: {{ postgres: {{ url_env: REIN_DATABASE_URL }} }}
+server: {{ lease_seconds: {lease_seconds} }}
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Polls `node` until the run waits on a call; returns the call's id.
+async fn parked_call(node: &Node, run_id: &str) -> String {
+    for _ in 0..400 {
+        let (_, record) = node.get(&format!("/v1/runs/{run_id}")).await;
+        if record["status"] == "awaiting_approval" {
+            return record["pending_approvals"][0]["call_id"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("run {run_id} never parked");
+}
+
+fn started_calls(events: &[(u64, String, String)]) -> usize {
+    events
+        .iter()
+        .filter(|(_, kind, _)| kind == "tool_call_started")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_taken_on_another_process_resumes_the_run_where_it_is_parked() {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let path = approval_config("notify", 3);
+    let a = Node::start(&path);
+    let b = Node::start(&path);
+    let t = thread("approve-elsewhere");
+    let run = a.submit(&t, "ops", "finish", "interrupt").await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let call = parked_call(&a, &run_id).await;
+    // B lists it and decides it; A runs it.
+    let (_, listed) = b.get(&format!("/v1/approvals?thread_id={t}")).await;
+    assert_eq!(listed[0]["call_id"], call.as_str(), "{listed}");
+    let path_b = format!("/v1/runs/{run_id}/approvals/{call}");
+    let (status, body) = b.post(&path_b, json!({"decision": "approve"})).await;
+    assert_eq!(status, 200, "{body}");
+    let record = b.finished(&run_id, Duration::from_secs(10)).await;
+    assert_eq!(record["termination"]["value"]["code"], "terminate", "{record}");
+    let (status, _) = a.post(&path_b, json!({"decision": "approve"})).await;
+    assert_eq!(status, 200, "the same decision again, on another process");
+    let (status, body) = a
+        .post(&path_b, json!({"decision": "reject", "reason": "late"}))
+        .await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("already_decided")));
+    let events = b.events(&run_id, None, Duration::from_secs(5)).await;
+    assert_eq!(started_calls(&events), 1, "{events:?}");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_parked_on_a_process_killed_with_sigkill_is_decided_on_another_and_its_call_runs_once()
+ {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let path = approval_config("kill", 1);
+    let a = Node::start(&path);
+    let t = thread("approve-kill");
+    let run = a.submit(&t, "ops", "finish", "interrupt").await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let call = parked_call(&a, &run_id).await;
+    a.signal("-KILL");
+    let b = Node::start(&path);
+    // B reads the parked run from the database and decides it.
+    let call_b = parked_call(&b, &run_id).await;
+    assert_eq!(call_b, call);
+    let (status, body) = b
+        .post(
+            &format!("/v1/runs/{run_id}/approvals/{call}"),
+            json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // B takes the thread over (A's lease runs out) and carries the run on.
+    let record = b.finished(&run_id, Duration::from_secs(20)).await;
+    assert_eq!(record["termination"]["value"]["code"], "terminate", "{record}");
+    let events = b.events(&run_id, None, Duration::from_secs(5)).await;
+    assert_eq!(started_calls(&events), 1, "the call ran once: {events:?}");
+    let starts = events.iter().filter(|(_, k, _)| k == "run_started").count();
+    assert_eq!(starts, 1, "one run, carried on: {events:?}");
+    assert_valid(&Value::Array(history(&b, &t).await));
+    let _ = std::fs::remove_file(&path);
+}

@@ -380,12 +380,18 @@ impl Mode for InProcess {
         })
     }
 
-    async fn decide_elsewhere(
+    async fn decide(
         &self,
         run_id: &str,
         call_id: &str,
         decision: Decision,
     ) -> Result<Decided, ServiceError> {
+        match self.core.runtime.decide(run_id, call_id, decision.clone()) {
+            Ok(decided) => return Ok(decided),
+            Err(ApprovalError::UnknownApproval { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        // Not pending (any more): a repeat of the logged decision, or not.
         let entry = self.core.records.get(run_id).ok_or_else(|| {
             ServiceError::from(ApprovalError::UnknownApproval {
                 run_id: run_id.to_owned(),

@@ -66,7 +66,7 @@ mod submission;
 use std::sync::Arc;
 
 use rein_runtime::AgentRuntime;
-use rein_runtime::approvals::{ApprovalError, Decided};
+use rein_runtime::approvals::Decided;
 use rein_runtime_contract::CancellationToken;
 use rein_runtime_contract::approval::{Decision, PendingApproval};
 use rein_runtime_contract::event::EventSink;
@@ -303,13 +303,7 @@ impl Service {
         call_id: &str,
         decision: Decision,
     ) -> Result<Decided, ServiceError> {
-        match self.core.runtime.decide(run_id, call_id, decision.clone()) {
-            Ok(decided) => Ok(decided),
-            Err(ApprovalError::UnknownApproval { .. }) => {
-                self.mode.decide_elsewhere(run_id, call_id, decision).await
-            }
-            Err(e) => Err(e.into()),
-        }
+        self.mode.decide(run_id, call_id, decision).await
     }
 
     /// The calls parked runs wait on, of every thread or of `thread_id`'s

@@ -40,10 +40,8 @@ pub(crate) trait Mode: Send + Sync + std::fmt::Debug {
         call_id: &str,
     ) -> Result<bool, ServiceError>;
 
-    /// A decision for a call no run parked in this process waits on:
-    /// hands it to the run's process, or answers from the run's log (a
-    /// repeated decision after the run went on).
-    async fn decide_elsewhere(
+    /// Decides a pending call (see `Service::decide`).
+    async fn decide(
         &self,
         run_id: &str,
         call_id: &str,

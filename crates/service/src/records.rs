@@ -364,9 +364,11 @@ impl RunEntry {
         if seq != state.events.len() as u64 + 1 {
             return;
         }
-        state
-            .events
-            .push(Arc::new(LoggedEvent::stored(seq, kind, json)));
+        let logged = Arc::new(LoggedEvent::stored(seq, kind, json));
+        if let Some(event) = logged.event() {
+            track_approvals(&mut state, event);
+        }
+        state.events.push(logged);
         let count = state.events.len() as u64;
         drop(state);
         self.changed.send_replace(count);
@@ -387,7 +389,13 @@ impl RunEntry {
     }
 
     pub(crate) fn set_running(&self) {
-        self.state().status = RunStatus::Running;
+        let mut state = self.state();
+        state.status = if state.pending.is_empty() {
+            RunStatus::Running
+        } else {
+            RunStatus::AwaitingApproval
+        };
+        drop(state);
         self.changed.send_modify(|_| {});
     }
 

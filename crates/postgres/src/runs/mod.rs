@@ -29,6 +29,8 @@ mod orphans;
 mod submit;
 
 use crate::inbox::Inbox;
+pub(crate) use decisions::parked_call_ids;
+pub use decisions::{RecordedDecision, StoredPark};
 pub use orphans::ORPHAN_GRACE;
 
 /// A submission to write.
@@ -150,6 +152,9 @@ macro_rules! fenced_events {
         ))
     };
 }
+
+// After the macros, which it uses.
+mod decisions;
 
 impl PgRuns {
     /// The runs, written as `leases`' owner.

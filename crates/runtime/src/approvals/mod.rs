@@ -326,6 +326,15 @@ pub struct Decided {
 }
 
 impl Decided {
+    /// `decision` on `call_id`, taken now.
+    pub fn taken(call_id: &str, decision: &Decision) -> Self {
+        Self {
+            call_id: call_id.to_owned(),
+            decision: decision.name(),
+            repeated: false,
+        }
+    }
+
     /// `decision` on `call_id`, taken before (nothing changes).
     pub fn repeated(call_id: &str, decision: &Decision) -> Self {
         Self {

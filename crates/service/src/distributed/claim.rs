@@ -48,7 +48,7 @@ impl Pump {
         lock(&self.active).clone()
     }
 
-    fn set_active(&self, entry: Option<Arc<RunEntry>>) {
+    pub(super) fn set_active(&self, entry: Option<Arc<RunEntry>>) {
         *lock(&self.active) = entry;
     }
 
@@ -119,7 +119,7 @@ impl Distributed {
                 }
             }
             lock(&self.elsewhere).remove(thread_id);
-            self.end_lost_runs(thread_id).await;
+            self.end_lost_runs(thread_id, &pump).await;
             pump.ready.store(true, Ordering::SeqCst);
             if let Some(mode) = self.arc() {
                 let thread = thread_id.to_owned();
@@ -144,7 +144,7 @@ impl Distributed {
 
     /// Ends the runs a previous owner left `running`: it was lost (its
     /// lease was taken), so it can write nothing more for them.
-    async fn end_lost_runs(&self, thread_id: &str) {
+    async fn end_lost_runs(&self, thread_id: &str, pump: &Arc<Pump>) {
         let runs = self.db.runs();
         let running = match runs.running(thread_id).await {
             Ok(running) => running,
@@ -161,6 +161,13 @@ impl Distributed {
                 .is_some_and(|e| e.driven_here() && e.status() != RunStatus::Finished)
             {
                 continue; // running here: not lost
+            }
+            // Parked, its calls never run: carried on here instead.
+            if let Some((parked, events)) =
+                self.parked_to_carry_on(&run_id, thread_id, &agent_id).await
+                && self.carry_on(thread_id, pump, parked, events).await
+            {
+                continue;
             }
             let lost = Unstarted {
                 run_id: &run_id,
@@ -314,7 +321,13 @@ impl Distributed {
     /// last events and record in one statement, and wakes the pump. A
     /// write the fence refuses means another process owns the thread now:
     /// this process's entry is dropped, so reads go to the database.
-    fn drive(&self, thread_id: &str, pump: Arc<Pump>, entry: Arc<RunEntry>, handle: RunHandle) {
+    pub(super) fn drive(
+        &self,
+        thread_id: &str,
+        pump: Arc<Pump>,
+        entry: Arc<RunEntry>,
+        handle: RunHandle,
+    ) {
         let Some(mode) = self.arc() else {
             return;
         };
@@ -365,7 +378,7 @@ impl Distributed {
     /// given up when both are done. If this process is lost, the child's
     /// row is `running` on a thread nobody renews: whoever takes the thread
     /// ends it as lost, so none stays `running` and none runs twice.
-    fn child_hook(&self) -> crate::subagents::ChildHook {
+    pub(super) fn child_hook(&self) -> crate::subagents::ChildHook {
         let me = self.me.clone();
         Arc::new(move |child: &Arc<RunEntry>| {
             let Some(mode) = me.upgrade() else { return };

@@ -28,6 +28,7 @@
 //! event in the same statement as its record, and a process's cached
 //! entry is finished only with the stored events appended.
 
+mod approvals;
 mod cancel;
 mod claim;
 mod follow;
@@ -46,7 +47,7 @@ use tokio::sync::broadcast;
 use tokio_util::task::TaskTracker;
 
 use crate::core::Core;
-use rein_runtime::approvals::{ApprovalError, Decided};
+use rein_runtime::approvals::Decided;
 use rein_runtime_contract::approval::{Decision, PendingApproval};
 
 use crate::error::ServiceError;
@@ -364,28 +365,20 @@ impl Mode for Distributed {
         }
     }
 
-    async fn decide_elsewhere(
+    async fn decide(
         &self,
         run_id: &str,
         call_id: &str,
         decision: Decision,
     ) -> Result<Decided, ServiceError> {
-        let entry = self.core.records.get(run_id).ok_or_else(|| {
-            ServiceError::from(ApprovalError::UnknownApproval {
-                run_id: run_id.to_owned(),
-                call_id: call_id.to_owned(),
-            })
-        })?;
-        Core::decided_before(&entry, call_id, &decision)
+        self.decide_anywhere(run_id, call_id, decision).await
     }
 
     async fn pending_approvals(
         &self,
         thread_id: Option<&str>,
     ) -> Result<Vec<PendingApproval>, ServiceError> {
-        let mut pending = self.core.runtime.pending_approvals(None);
-        pending.retain(|p| Core::on_thread(p, thread_id));
-        Ok(pending)
+        self.stored_pending(thread_id).await
     }
 
     async fn cancel_thread(&self, thread_id: &str) -> (bool, bool) {

@@ -149,6 +149,14 @@ impl Distributed {
                 // Not running here (or already ended): nothing to do.
                 let _ = self.core.runtime.cancel_tool_call(&run_id, &call_id);
             }
+            Notification::Decided { run_id } => {
+                if let Some(entry) = self.core.records.get(&run_id)
+                    && entry.driven_here()
+                    && let Some(mode) = self.arc()
+                {
+                    tokio::spawn(async move { mode.apply_decisions(&entry).await });
+                }
+            }
             Notification::CancelRun { run_id } => {
                 if let Some(entry) = self.core.records.get(&run_id)
                     && entry.driven_here()
@@ -183,6 +191,7 @@ impl Distributed {
                 }
             }
         }
+        self.apply_missed_decisions().await;
         if sweep {
             let ttl = Duration::from_secs(self.core.settings.retention.finished_run_ttl_seconds);
             if let Err(error) = runs.sweep(ttl).await {

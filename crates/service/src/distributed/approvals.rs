@@ -1,0 +1,342 @@
+//! Approvals across processes: a decision is recorded in the database
+//! first (the first decision on a call is final there, whichever process
+//! took it), then handed to the engine of the process that drives the run
+//! (at once when that is this one, else through `NOTIFY rein_cancel`
+//! `decide:<run>`, with the scan as the safety net). A run parked by a
+//! process that was lost is carried on by the process that takes its
+//! thread, from its `run_parked` event and the stored decisions.
+//!
+//! **Invariant:** a held call runs at most once cluster-wide. Its run's
+//! decisions are marked `applied` (fenced by the thread's lease) before
+//! the last of them reaches an engine, and a run whose decisions were
+//! applied is never carried on elsewhere: a process lost after that point
+//! leaves the run to be ended as lost (its calls `may_have_completed`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rein_postgres::StoredEvent;
+use rein_runtime::RunRequest;
+use rein_runtime::approvals::{ApprovalError, Decided, ParkedRun, check_arguments};
+use rein_runtime_contract::approval::{Decision, PendingApproval, PendingKind};
+use rein_runtime_contract::event::AgentEvent;
+
+use super::claim::Pump;
+use super::{Distributed, unavailable};
+use crate::core::Core;
+use crate::error::ServiceError;
+use crate::mode::Mode;
+use crate::records::{RunEntry, RunStatus};
+
+fn unknown(run_id: &str, call_id: &str) -> ServiceError {
+    ApprovalError::UnknownApproval {
+        run_id: run_id.to_owned(),
+        call_id: call_id.to_owned(),
+    }
+    .into()
+}
+
+impl Distributed {
+    /// Records a decision and hands it to the run's process.
+    pub(super) async fn decide_anywhere(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        decision: Decision,
+    ) -> Result<Decided, ServiceError> {
+        let entry = match self.run(run_id).await {
+            Ok(entry) => entry,
+            Err(ServiceError::UnknownRun { .. }) => return Err(unknown(run_id, call_id)),
+            Err(e) => return Err(e),
+        };
+        let runs = self.db.runs();
+        let pending = entry
+            .record()
+            .pending_approvals
+            .into_iter()
+            .find(|p| p.call_id == call_id);
+        if let Some(p) = &pending {
+            self.check_decision(&entry, p, &decision)?;
+        }
+        let json = serde_json::to_value(&decision).unwrap_or_default();
+        let first = if pending.is_some() {
+            let recorded = runs
+                .record_decision(run_id, call_id, &json)
+                .await
+                .map_err(|e| unavailable(&e))?
+                .ok_or_else(|| unknown(run_id, call_id))?;
+            (!recorded.inserted).then_some(recorded.decision)
+        } else {
+            // Not pending: only a repeat of a stored decision is answered.
+            let (stored, _) = runs.decisions(run_id).await.map_err(|e| unavailable(&e))?;
+            match stored.into_iter().find(|(c, _)| c == call_id) {
+                Some((_, decision)) => Some(decision),
+                None => return Core::decided_before(&entry, call_id, &decision),
+            }
+        };
+        if let Some(first) = first {
+            let first: Option<Decision> = serde_json::from_value(first).ok();
+            return match first {
+                Some(first) if first == decision => Ok(Decided::repeated(call_id, &decision)),
+                first => Err(ApprovalError::AlreadyDecided {
+                    call_id: call_id.to_owned(),
+                    decision: first.map_or("unknown", |d| d.name()).to_owned(),
+                }
+                .into()),
+            };
+        }
+        if entry.driven_here() {
+            self.apply_decisions(&entry).await;
+        }
+        Ok(Decided::taken(call_id, &decision))
+    }
+
+    /// What the engine would refuse, refused before the decision is
+    /// stored: `approve`/`edit` on a question, edited arguments outside
+    /// the tool's parameters.
+    fn check_decision(
+        &self,
+        entry: &RunEntry,
+        pending: &PendingApproval,
+        decision: &Decision,
+    ) -> Result<(), ServiceError> {
+        let invalid = |message: String| -> ServiceError {
+            ApprovalError::Invalid {
+                call_id: pending.call_id.clone(),
+                message,
+            }
+            .into()
+        };
+        match decision {
+            Decision::Approve | Decision::Edit { .. } if pending.kind == PendingKind::Question => {
+                Err(invalid(
+                    "a question is answered with `respond` (its `result` is the answer) or declined with `reject`".into(),
+                ))
+            }
+            Decision::Edit { arguments } => {
+                let parameters = self
+                    .core
+                    .runtime
+                    .agent_tools(&entry.agent_id)
+                    .and_then(|tools| tools.into_iter().find(|t| t.name == pending.tool))
+                    .map(|t| t.parameters)
+                    .unwrap_or_default();
+                check_arguments(&parameters, arguments)
+                    .map_err(|e| invalid(format!("edited arguments: {e}")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Hands a run parked here the decisions stored for it; before the
+    /// last one, marks them applied (fenced), so no other process carries
+    /// the run on once its calls may run here.
+    pub(super) async fn apply_decisions(&self, entry: &RunEntry) {
+        let runtime = &self.core.runtime;
+        let run_id = &entry.run_id;
+        let local: Vec<PendingApproval> = runtime
+            .pending_approvals(None)
+            .into_iter()
+            .filter(|p| p.run_id == *run_id)
+            .collect();
+        if local.is_empty() {
+            return;
+        }
+        let runs = self.db.runs();
+        let stored = match runs.decisions(run_id).await {
+            Ok((stored, _)) => stored,
+            Err(error) => {
+                tracing::warn!(%error, run_id, "could not read the run's decisions");
+                return;
+            }
+        };
+        let todo: Vec<(String, Decision)> = stored
+            .into_iter()
+            .filter(|(c, _)| local.iter().any(|p| p.call_id == *c))
+            .filter_map(|(c, d)| serde_json::from_value(d).ok().map(|d| (c, d)))
+            .collect();
+        if todo.is_empty() {
+            return;
+        }
+        let completes = local
+            .iter()
+            .all(|p| todo.iter().any(|(c, _)| *c == p.call_id));
+        if completes {
+            match runs.mark_decisions_applied(&entry.thread_id, run_id).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(
+                        run_id,
+                        "the run's decisions were not applied here: this process no longer holds its thread"
+                    );
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, run_id, "could not mark the run's decisions applied");
+                    return;
+                }
+            }
+        }
+        for (call_id, decision) in todo {
+            if let Err(error) = runtime.decide(run_id, &call_id, decision) {
+                tracing::debug!(%error, run_id, call_id, "a stored decision was not applied");
+            }
+        }
+    }
+
+    /// Every pending approval, from the database.
+    pub(super) async fn stored_pending(
+        &self,
+        thread_id: Option<&str>,
+    ) -> Result<Vec<PendingApproval>, ServiceError> {
+        let parks = self
+            .db
+            .runs()
+            .parked(thread_id)
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let mut pending = Vec::new();
+        for park in parks {
+            if let Ok(AgentEvent::RunParked { pending: calls, .. }) =
+                serde_json::from_str::<AgentEvent>(&park.event)
+            {
+                pending.extend(
+                    calls
+                        .into_iter()
+                        .filter(|p| !park.decided.contains(&p.call_id)),
+                );
+            }
+        }
+        Ok(pending)
+    }
+
+    /// The safety net: hands the runs parked here the decisions whose
+    /// notification was lost.
+    pub(super) async fn apply_missed_decisions(&self) {
+        let mut parked: Vec<String> = self
+            .core
+            .runtime
+            .pending_approvals(None)
+            .into_iter()
+            .map(|p| p.run_id)
+            .collect();
+        parked.dedup();
+        for run_id in parked {
+            if let Some(entry) = self.core.records.get(&run_id)
+                && entry.driven_here()
+            {
+                self.apply_decisions(&entry).await;
+            }
+        }
+    }
+
+    /// A run a lost process left parked, if it can be carried on here:
+    /// its last stored event ended the round with `run_parked`, it is not
+    /// a sub-agent's (its parent's task is gone), and no process applied
+    /// its decisions (its calls never ran).
+    pub(super) async fn parked_to_carry_on(
+        &self,
+        run_id: &str,
+        thread_id: &str,
+        agent_id: &str,
+    ) -> Option<(ParkedRun, Vec<StoredEvent>)> {
+        let runs = self.db.runs();
+        let events = runs.events_after(run_id, 0).await.ok()?;
+        let at = events.iter().rposition(|e| e.kind == "run_parked")?;
+        if events[at + 1..].iter().any(|e| {
+            matches!(
+                e.kind.as_str(),
+                "approval_decided" | "tool_call_started" | "run_finished"
+            )
+        }) {
+            return None;
+        }
+        let Ok(AgentEvent::RunParked {
+            pending,
+            steps,
+            usage,
+            active_ms,
+            ..
+        }) = serde_json::from_str::<AgentEvent>(&events[at].data)
+        else {
+            return None;
+        };
+        if pending.is_empty() || pending.iter().any(|p| p.root_run_id.is_some()) {
+            return None;
+        }
+        let (stored, applied) = runs.decisions(run_id).await.ok()?;
+        if applied {
+            return None;
+        }
+        let mut parked = ParkedRun::new(run_id, thread_id, agent_id, pending);
+        parked.steps = steps;
+        parked.usage = usage;
+        parked.active = Duration::from_millis(active_ms);
+        parked.decisions = stored
+            .into_iter()
+            .filter_map(|(c, d)| serde_json::from_value(d).ok().map(|d| (c, d)))
+            .collect();
+        Some((parked, events))
+    }
+
+    /// Carries on, here, a run a lost process left parked: its entry takes
+    /// the stored events, the engine the park; the pump drives it.
+    /// `false` if it could not start (it is then ended as lost).
+    pub(super) async fn carry_on(
+        &self,
+        thread_id: &str,
+        pump: &Arc<Pump>,
+        parked: ParkedRun,
+        events: Vec<StoredEvent>,
+    ) -> bool {
+        let records = &self.core.records;
+        let entry = records.get_or_create(
+            &parked.run_id,
+            thread_id,
+            &parked.agent_id,
+            None,
+            RunStatus::Running,
+        );
+        entry.set_driven_here();
+        for e in events {
+            entry.append_stored(e.seq as u64, &e.kind, e.data);
+        }
+        // Running, or awaiting approval if the stored events say so.
+        entry.set_running();
+        // Decisions complete already: applied before the calls may run.
+        let complete = parked
+            .pending
+            .iter()
+            .all(|p| parked.decisions.iter().any(|(c, _)| *c == p.call_id));
+        if complete
+            && !matches!(
+                self.db
+                    .runs()
+                    .mark_decisions_applied(thread_id, &parked.run_id)
+                    .await,
+                Ok(true)
+            )
+        {
+            return false;
+        }
+        let request = RunRequest::resume(parked)
+            .with_cancellation(entry.cancellation().clone())
+            .with_event_sink(records.sink_with(&entry, Some(self.child_hook())));
+        match self.core.runtime.mailbox().submit(request).await {
+            Ok(handle) => {
+                tracing::warn!(
+                    thread_id,
+                    run_id = entry.run_id,
+                    "carrying on a run a lost process left waiting for approvals"
+                );
+                pump.set_active(Some(entry.clone()));
+                self.drive(thread_id, pump.clone(), entry, handle);
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, thread_id, "could not carry on a parked run");
+                false
+            }
+        }
+    }
+}
