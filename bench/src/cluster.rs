@@ -110,11 +110,13 @@ fn config(db: &Database, lease: u64) -> std::path::PathBuf {
     let yaml = format!(
         "providers:\n  quick: {{ kind: scripted, responses: [\"Done.\"] }}\n  \
          slow: {{ kind: scripted, chunk_delay_ms: 100, responses: [\"{}\"] }}\n  \
-         hold: {{ kind: scripted, chunk_delay_ms: 1000, responses: [\"{}\"] }}\n\
+         hold: {{ kind: scripted, chunk_delay_ms: 1000, responses: [\"{}\"] }}\n  \
+         gate: {{ kind: scripted, responses: [{{ tool_calls: [{{ name: terminate, arguments: {{ status: success }} }}] }}] }}\n\
          models:\n  quick: {{ provider: quick, model: q }}\n  slow: {{ provider: slow, model: s }}\n  \
-         hold: {{ provider: hold, model: h }}\n\
+         hold: {{ provider: hold, model: h }}\n  gate: {{ provider: gate, model: g }}\n\
          agents:\n  - {{ id: quick, model_id: quick }}\n  - {{ id: slow, model_id: slow }}\n  \
-         - {{ id: hold, model_id: hold }}\n\
+         - {{ id: hold, model_id: hold }}\n  \
+         - {{ id: gated, model_id: gate, plugin_ids: [terminate], approvals: [{{ tool: terminate, action: ask }}] }}\n\
          store: {{ postgres: {{ url_env: REIN_BENCH_DATABASE_URL }} }}\n\
          server: {{ lease_seconds: {lease} }}\n",
         words.join(" "),
@@ -298,4 +300,94 @@ pub(crate) async fn takeover(repeats: usize) {
     emit("cluster_takeover", "p50", percentile(&g, 0.5), "ms");
     emit("cluster_takeover", "max", percentile(&g, 1.0), "ms");
     emit("cluster_takeover", "lease", (lease * 1000) as f64, "ms");
+}
+
+/// W13b: a run parked on one process, decided on another; the time from
+/// the decision's request to the held call's `tool_call_started` on the
+/// run's stream. With `lost`, the decision is written to the database
+/// without its notification, so the owner's scan finds it.
+pub(crate) async fn approval(runs: usize, lost: bool) {
+    let name = if lost {
+        "cluster_approval_lost_notify"
+    } else {
+        "cluster_approval"
+    };
+    let db = Database::create().await;
+    let config = config(&db, 10);
+    let (a, b) = (Node::start(&config, &db), Node::start(&config, &db));
+    let pool = sqlx::PgPool::connect(&db.url)
+        .await
+        .unwrap_or_else(|e| fail(&format!("cannot connect to the bench database: {e}")));
+    let client = reqwest::Client::new();
+    let mut latencies = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let t = thread(name, i);
+        let (_, run) = submit(&client, &a, &t, "gated", "interrupt").await;
+        let run_id = run["run_id"].as_str().unwrap_or_default().to_owned();
+        // The run's stream, read until it parks.
+        let mut events = match client
+            .get(format!("{}/v1/runs/{run_id}/events", a.url))
+            .send()
+            .await
+        {
+            Ok(r) => r.bytes_stream(),
+            Err(e) => fail(&e.to_string()),
+        };
+        let mut seen = String::new();
+        while !seen.contains("event: run_parked") {
+            match events.next().await {
+                Some(Ok(chunk)) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => fail("the run's stream ended before it parked"),
+            }
+        }
+        let record: Value = match client
+            .get(format!("{}/v1/runs/{run_id}", a.url))
+            .send()
+            .await
+        {
+            Ok(r) => r.json().await.unwrap_or(Value::Null),
+            Err(e) => fail(&e.to_string()),
+        };
+        let call = record["pending_approvals"][0]["call_id"]
+            .as_str()
+            .unwrap_or_else(|| fail(&format!("not parked: {record}")))
+            .to_owned();
+        seen.clear();
+        let start = Instant::now();
+        if lost {
+            let inserted = sqlx::query(
+                "INSERT INTO rein_decisions (run_id, call_id, decision) VALUES ($1, $2, '{\"decision\": \"approve\"}'::jsonb)",
+            )
+            .bind(&run_id)
+            .bind(&call)
+            .execute(&pool)
+            .await;
+            if let Err(e) = inserted {
+                fail(&format!("cannot write the decision: {e}"));
+            }
+        } else {
+            let (code, answer) = post(
+                &client,
+                format!("{}/v1/runs/{run_id}/approvals/{call}", b.url),
+                json!({"decision": "approve"}),
+            )
+            .await;
+            if code != 200 {
+                fail(&format!("the decision was answered {code} {answer}"));
+            }
+        }
+        while !seen.contains("event: tool_call_started") {
+            match events.next().await {
+                Some(Ok(chunk)) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => fail("the run's stream ended before the call started"),
+            }
+        }
+        latencies.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    pool.close().await;
+    drop((a, b));
+    db.drop().await;
+    let l = sorted(latencies);
+    emit(name, "p50", percentile(&l, 0.5), "ms");
+    emit(name, "p99", percentile(&l, 0.99), "ms");
 }

@@ -37,6 +37,8 @@ pub(crate) const WORKLOADS: [(&str, &str); 29] = [
     ("http_retention", "retention after 100 000 runs"),
     ("subagent_cancel", "W12"),
     ("subagent_overhead", "W12b"),
+    ("approval_resume", "W13a"),
+    ("approval_parked_memory", "W13c"),
     ("cluster_cancel", "W8"),
     ("cluster_submit", "W9 one hot thread"),
     ("cluster_submit_spread", "W9 over 64 threads"),
@@ -45,6 +47,11 @@ pub(crate) const WORKLOADS: [(&str, &str); 29] = [
         "W9 over 64 threads, acceptance alone",
     ),
     ("cluster_takeover", "W10"),
+    ("cluster_approval", "W13b"),
+    (
+        "cluster_approval_lost_notify",
+        "W13b with the notification lost",
+    ),
 ];
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -171,9 +171,12 @@ commands:
                                        cancel cancel_pause cancel_external cancel_external_pause
                                        cancel_open mailbox mailbox_external policies chanting
                                        chanting_spaces chanting_rules http http_first_event
-                                       http_retention, cluster_cancel, cluster_submit,
+                                       http_retention subagent_cancel subagent_overhead
+                                       approval_resume approval_parked_memory,
+                                       cluster_cancel, cluster_submit,
                                        cluster_submit_spread, cluster_submit_spread_held,
-                                       cluster_takeover (these need
+                                       cluster_takeover, cluster_approval,
+                                       cluster_approval_lost_notify (these need
                                        REIN_DATABASE_URL)";
 
 /// Runs `cargo` with `args`, failing with the command line when it fails.

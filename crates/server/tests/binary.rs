@@ -674,7 +674,10 @@ fn run_asks_at_the_terminal_and_the_typed_answer_and_approval_decide() {
         "[approval] waiting: terminate",
         "[end] stopped (terminate)",
     ] {
-        assert!(stderr.lines().any(|l| l.contains(line)), "{line:?} in:\n{stderr}");
+        assert!(
+            stderr.lines().any(|l| l.contains(line)),
+            "{line:?} in:\n{stderr}"
+        );
     }
 }
 
@@ -687,8 +690,14 @@ fn check_lists_approval_rules_and_positions_one_that_matches_no_tool() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
-    assert!(stdout.contains("agent \"releaser\": 2 approval rule(s)"), "{stdout}");
-    assert!(stdout.contains("[1] ask terminate, timeout 600 s then reject (tools: terminate)"), "{stdout}");
+    assert!(
+        stdout.contains("agent \"releaser\": 2 approval rule(s)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("[1] ask terminate, timeout 600 s then reject (tools: terminate)"),
+        "{stdout}"
+    );
 
     let bad = file(
         "approvals-bad",
@@ -706,7 +715,11 @@ agents:
       - { tool: terminate, when: { message: "(" }, action: deny }
 "#,
     );
-    let out = rein().args(["check", "--config"]).arg(&bad).output().unwrap();
+    let out = rein()
+        .args(["check", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -714,8 +727,12 @@ agents:
     );
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(
-        text.contains("rein.yaml:11:") && text.contains("\"fs__*\" matches none of the agent's tools (terminate)"),
+        text.contains("rein.yaml:11:")
+            && text.contains("\"fs__*\" matches none of the agent's tools (terminate)"),
         "{text}"
     );
-    assert!(text.contains("rein.yaml:12:") && text.contains("`when.message` is not a valid regex"), "{text}");
+    assert!(
+        text.contains("rein.yaml:12:") && text.contains("`when.message` is not a valid regex"),
+        "{text}"
+    );
 }

@@ -693,13 +693,19 @@ async fn a_decision_taken_on_another_process_resumes_the_run_where_it_is_parked(
     let (status, body) = b.post(&path_b, json!({"decision": "approve"})).await;
     assert_eq!(status, 200, "{body}");
     let record = b.finished(&run_id, Duration::from_secs(10)).await;
-    assert_eq!(record["termination"]["value"]["code"], "terminate", "{record}");
+    assert_eq!(
+        record["termination"]["value"]["code"], "terminate",
+        "{record}"
+    );
     let (status, _) = a.post(&path_b, json!({"decision": "approve"})).await;
     assert_eq!(status, 200, "the same decision again, on another process");
     let (status, body) = a
         .post(&path_b, json!({"decision": "reject", "reason": "late"}))
         .await;
-    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("already_decided")));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("already_decided"))
+    );
     let events = b.events(&run_id, None, Duration::from_secs(5)).await;
     assert_eq!(started_calls(&events), 1, "{events:?}");
     let _ = std::fs::remove_file(&path);
@@ -709,7 +715,9 @@ async fn a_decision_taken_on_another_process_resumes_the_run_where_it_is_parked(
 async fn a_run_parked_on_a_process_killed_with_sigkill_is_decided_on_another_and_its_call_runs_once()
  {
     let Some(_) = database() else { return };
-    let _shared = DATABASE.read().await;
+    // Alone: a process of another test (whose deployment has no `ops`)
+    // could take the thread over and, unable to carry the run on, end it.
+    let _alone = DATABASE.write().await;
     let path = approval_config("kill", 1);
     let a = Node::start(&path);
     let t = thread("approve-kill");
@@ -730,7 +738,10 @@ async fn a_run_parked_on_a_process_killed_with_sigkill_is_decided_on_another_and
     assert_eq!(status, 200, "{body}");
     // B takes the thread over (A's lease runs out) and carries the run on.
     let record = b.finished(&run_id, Duration::from_secs(20)).await;
-    assert_eq!(record["termination"]["value"]["code"], "terminate", "{record}");
+    assert_eq!(
+        record["termination"]["value"]["code"], "terminate",
+        "{record}"
+    );
     let events = b.events(&run_id, None, Duration::from_secs(5)).await;
     assert_eq!(started_calls(&events), 1, "the call ran once: {events:?}");
     let starts = events.iter().filter(|(_, k, _)| k == "run_started").count();
