@@ -26,7 +26,7 @@ use super::{Recorded, runs_of};
 use crate::approvals::ASK_USER;
 
 /// What an agent's approval rules would have done to the tool calls of a
-/// recording (see the [module docs](self)).
+/// recording ([`approvals`] says which calls count).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApprovalReport {
     /// Runs read.
@@ -108,8 +108,16 @@ struct Call<'a> {
 }
 
 /// What `spec`'s approval rules would have done to each tool call of
-/// `recording`, tallied per tool and per rule (see the [module
-/// docs](self)).
+/// `recording`: for each call the first matching rule decides, as in a
+/// live run; tallied per tool and per rule.
+///
+/// The calls are those of `tool_call_started` events and, for calls that
+/// were held and never started, of `approval_requested` events; each call
+/// id counts once per run, with the arguments of its first event (the
+/// model's: a held call that was edited starts later with other
+/// arguments). Calls of `ask_user` are questions, counted apart. The runs
+/// are the ones [`replay`](super::replay) judges: sub-agent runs of
+/// another agent are left out.
 ///
 /// # Errors
 ///
