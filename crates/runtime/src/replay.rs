@@ -27,6 +27,13 @@
 //! at the run's end. The model saw no nudge or stop that replay reports:
 //! each firing is where the configured conditions *would* have acted, and
 //! the recorded run goes on as it went.
+//!
+//! # Approval rules
+//!
+//! [`approvals`] reads the same recording for an agent's approval rules:
+//! per tool, how many recorded calls the first matching rule would have
+//! held (`ask`), refused (`deny`) or let run, and how many no rule matches;
+//! per rule, how many calls it would have decided ([`ApprovalReport`]).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -44,6 +51,10 @@ use crate::agent::{Agent, GuardItem};
 use crate::agent_loop::judge::{Act, Judge, Screened};
 use crate::detectors::Verdict;
 use crate::policies::StopPolicyStats;
+
+mod approval_report;
+
+pub use approval_report::{ApprovalReport, RuleTally, ToolTally, approvals};
 
 /// An [`EventSink`] that appends every event, with its time, as one JSON
 /// line to a file (see the [module docs](self)).
@@ -157,6 +168,16 @@ pub struct RunReplay {
 /// detectors, escalation ladders and tool rules; runs in the order they
 /// first appear.
 pub fn replay(spec: &AgentSpec, recording: &[Recorded]) -> Vec<RunReplay> {
+    runs_of(spec, recording)
+        .into_iter()
+        .map(|(id, events)| Replayer::new(spec).run(id, &events))
+        .collect()
+}
+
+/// The runs of `recording` that replay judges against `spec`, in the order
+/// they first appear, each with its events: sub-agent runs of another
+/// agent, and event groups that are not runs, are left out.
+fn runs_of<'a>(spec: &AgentSpec, recording: &'a [Recorded]) -> Vec<(&'a str, Vec<&'a Recorded>)> {
     let mut order: Vec<&str> = Vec::new();
     let mut runs: BTreeMap<&str, Vec<&Recorded>> = BTreeMap::new();
     // Sub-agent runs of another agent (a variant made for declared outputs
@@ -195,7 +216,7 @@ pub fn replay(spec: &AgentSpec, recording: &[Recorded]) -> Vec<RunReplay> {
                     AgentEvent::RunStarted { .. } | AgentEvent::StepStarted { .. }
                 )
             });
-            is_run.then(|| Replayer::new(spec).run(id, &events))
+            is_run.then_some((id, events))
         })
         .collect()
 }

@@ -1,12 +1,14 @@
 //! `rein replay`: an agent's stop conditions and detectors over recorded
-//! runs ([`rein::replay`]), printed as a table or as JSON.
+//! runs ([`rein::replay`]), and what its approval rules would have done to
+//! the recorded tool calls ([`rein::replay::approvals`]), printed as a
+//! table or as JSON.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use rein::registry_spec::AgentSpec;
-use rein::replay::{RunReplay, read_recording, replay};
+use rein::replay::{ApprovalReport, RunReplay, approvals, read_recording, replay};
 use serde::Serialize;
 
 use crate::deployment::Deployment;
@@ -24,6 +26,9 @@ struct Tally {
 struct Report<'a> {
     runs: &'a [RunReplay],
     summary: Summary,
+    /// Present when the agent has approval rules.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    approvals: Option<ApprovalReport>,
 }
 
 #[derive(Serialize)]
@@ -47,6 +52,7 @@ pub(crate) fn command(
         }
     };
     let mut runs = Vec::new();
+    let mut approval_report: Option<ApprovalReport> = None;
     for path in recordings {
         let text = match std::fs::read_to_string(path) {
             Ok(text) => text,
@@ -56,7 +62,21 @@ pub(crate) fn command(
             }
         };
         match read_recording(&text) {
-            Ok(recording) => runs.extend(replay(&spec, &recording)),
+            Ok(recording) => {
+                runs.extend(replay(&spec, &recording));
+                if !spec.approvals.is_empty() {
+                    match approvals(&spec, &recording) {
+                        Ok(report) => match approval_report.as_mut() {
+                            Some(all) => all.merge(report),
+                            None => approval_report = Some(report),
+                        },
+                        Err(message) => {
+                            eprintln!("rein: {}: {message}", config.display());
+                            return ExitCode::FAILURE;
+                        }
+                    }
+                }
+            }
             Err(message) => {
                 eprintln!("rein: {}: {message}", path.display());
                 return ExitCode::FAILURE;
@@ -83,6 +103,7 @@ pub(crate) fn command(
         let report = Report {
             runs: &runs,
             summary,
+            approvals: approval_report,
         };
         match serde_json::to_string_pretty(&report) {
             Ok(text) => println!("{text}"),
@@ -93,6 +114,9 @@ pub(crate) fn command(
         }
     } else {
         print!("{}", table(&runs, &summary));
+        if let Some(report) = &approval_report {
+            print!("{}", approvals_table(report));
+        }
     }
     ExitCode::SUCCESS
 }
@@ -125,6 +149,43 @@ fn table(runs: &[RunReplay], summary: &Summary) -> String {
         out.push_str(&format!(
             "{code:<18} fired in {}/{} runs ({} firings)\n",
             tally.runs, summary.runs, tally.firings
+        ));
+    }
+    out
+}
+
+/// The readable approvals report: per tool what the rules would have done
+/// to its calls, then how many calls each rule would have decided.
+fn approvals_table(report: &ApprovalReport) -> String {
+    let mut out = format!(
+        "\napproval rules over {} runs: {} tool calls",
+        report.runs, report.calls
+    );
+    if report.questions > 0 {
+        out.push_str(&format!(" (and {} ask_user questions)", report.questions));
+    }
+    out.push('\n');
+    let width = report
+        .tools
+        .keys()
+        .map(String::len)
+        .max()
+        .unwrap_or(0)
+        .max("tool".len());
+    out.push_str(&format!(
+        "  {:<width$}  {:>5}  {:>4}  {:>4}  {:>5}  {:>7}  {:>4}\n",
+        "tool", "calls", "ask", "deny", "allow", "no rule", "runs"
+    ));
+    for (tool, t) in &report.tools {
+        out.push_str(&format!(
+            "  {tool:<width$}  {:>5}  {:>4}  {:>4}  {:>5}  {:>7}  {:>4}\n",
+            t.calls, t.ask, t.deny, t.allow, t.no_rule, t.runs
+        ));
+    }
+    for r in &report.rules {
+        out.push_str(&format!(
+            "  [{}] {:<40} would have decided {} calls in {}/{} runs\n",
+            r.index, r.rule, r.calls, r.runs, report.runs
         ));
     }
     out

@@ -546,6 +546,36 @@ fn serve_records_runs_and_replay_reports_where_each_condition_would_have_fired()
     assert_eq!(json["summary"]["codes"]["tool_call_loop"]["runs"], 1);
     assert_eq!(json["summary"]["codes"]["tool_call_loop"]["firings"], 1);
     assert_eq!(json["runs"][0]["firings"][0]["round"], 3);
+    // An agent without approval rules has no approvals report.
+    assert!(json.get("approvals").is_none(), "{json}");
+    assert!(!table.contains("approval rules"), "{table}");
+
+    // The same recording, for an agent that would have asked before each
+    // lookup: every started call is counted (five: the sixth round's call
+    // never started, as max_rounds ended the run first).
+    let asking = looping.parent().unwrap().join("asking.yaml");
+    std::fs::write(
+        &asking,
+        "id: a
+approvals:
+  - { tool: lookup, when: { q: \"^rust$\" }, action: ask }
+",
+    )
+    .unwrap();
+    let out = rein()
+        .args(["replay", "--json", "--config"])
+        .arg(&asking)
+        .arg(&recordings[0])
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lookup = &json["approvals"]["tools"]["lookup"];
+    assert_eq!(
+        (&lookup["calls"], &lookup["ask"]),
+        (&5.into(), &5.into()),
+        "{json}"
+    );
+    assert_eq!(json["approvals"]["rules"][0]["calls"], 5, "{json}");
 
     // The committed fixture (recorded the same way) replays the same.
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/loop-recording.jsonl");
@@ -580,6 +610,91 @@ fn serve_records_runs_and_replay_reports_where_each_condition_would_have_fired()
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn replay_reports_per_tool_and_per_rule_what_the_approval_rules_would_have_done_to_recorded_calls()
+{
+    // A hand-written recording: calls that ran, a held call rejected, a
+    // held call edited and then started, an `ask_user` question, a
+    // sub-agent run of another agent, and a second run.
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/approvals-recording.jsonl");
+    let agent = file(
+        "replay-approvals",
+        "id: ops\nplugin_ids: [ask_user]\napprovals:\n  - { tool: \"fs__*\", when: { path: \"^/etc/\" }, action: deny }\n  - { tool: shell, action: ask }\n  - { tool: fs__read_file, action: allow }\n",
+    );
+    let out = rein()
+        .args(["replay", "--json", "--config"])
+        .arg(&agent)
+        .arg(&fixture)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = &json["approvals"];
+    // The helper's run is another agent's: its `shell` call is not counted.
+    assert_eq!(report["runs"], 2, "{report}");
+    assert_eq!(report["calls"], 8, "{report}");
+    assert_eq!(report["questions"], 1, "{report}");
+    let counts = |tool: &str| {
+        let t = &report["tools"][tool];
+        ["calls", "ask", "deny", "allow", "no_rule", "runs"].map(|k| t[k].as_u64().unwrap())
+    };
+    assert_eq!(counts("fs__read_file"), [2, 0, 1, 1, 0, 1]);
+    assert_eq!(counts("fs__write_file"), [2, 0, 1, 0, 1, 1]);
+    // Held twice: once rejected, once edited and started (counted once).
+    assert_eq!(counts("shell"), [2, 2, 0, 0, 0, 1]);
+    assert_eq!(counts("lookup"), [1, 0, 0, 0, 1, 1]);
+    assert_eq!(counts("helper"), [1, 0, 0, 0, 1, 1]);
+    assert!(report["tools"].get("ask_user").is_none(), "{report}");
+    let rules: Vec<(&str, u64, u64)> = report["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["rule"].as_str().unwrap(),
+                r["calls"].as_u64().unwrap(),
+                r["runs"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            ("deny fs__* when path =~ ^/etc/", 2, 2),
+            ("ask shell", 2, 1),
+            ("allow fs__read_file", 1, 1),
+        ]
+    );
+    // The stop-condition report is still there.
+    assert_eq!(json["summary"]["runs"], 2);
+
+    let out = rein()
+        .args(["replay", "--config"])
+        .arg(&agent)
+        .arg(&fixture)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    let stops = table
+        .find("2 runs replayed")
+        .expect("the stop-condition part");
+    let approvals = table
+        .find("approval rules over 2 runs: 8 tool calls (and 1 ask_user questions)")
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(stops < approvals, "{table}");
+    assert!(
+        table.contains("  shell               2     2     0      0        0     1\n"),
+        "{table}"
+    );
+    assert!(table.contains("[1] ask shell"), "{table}");
 }
 
 #[test]
