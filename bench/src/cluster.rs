@@ -334,6 +334,9 @@ pub(crate) async fn approval(runs: usize, lost: bool) {
             Err(e) => fail(&e.to_string()),
         };
         let mut seen = String::new();
+        if std::env::var_os("REIN_BENCH_TRACE").is_some() {
+            eprintln!("run {i}: {run_id} submitted");
+        }
         while !seen.contains("event: run_parked") {
             match events.next().await {
                 Some(Ok(chunk)) => seen.push_str(&String::from_utf8_lossy(&chunk)),
@@ -353,6 +356,9 @@ pub(crate) async fn approval(runs: usize, lost: bool) {
             .unwrap_or_else(|| fail(&format!("not parked: {record}")))
             .to_owned();
         seen.clear();
+        if std::env::var_os("REIN_BENCH_TRACE").is_some() {
+            eprintln!("run {i}: parked on {call}");
+        }
         let start = Instant::now();
         if lost {
             let inserted = sqlx::query(

@@ -787,3 +787,91 @@ async fn a_parked_run_is_carried_on_by_another_runtime_from_its_run_parked_event
     common_history_valid(&history);
     a.cancel_run("r");
 }
+
+/// An agent whose `awaiting_user` detector escalates to a person.
+fn escalating(model: ScriptedExecutor) -> AgentRuntime {
+    use rein::escalation::{EscalationAction, EscalationStep, Ladder};
+    let ladder = Ladder::new(vec![EscalationStep::new(EscalationAction::Escalate, 1)]).unwrap();
+    AgentRuntimeBuilder::new()
+        .with_agent_spec(
+            AgentSpec::new("a")
+                .with_model_id("m")
+                .with_stop_condition(StopConditionSpec::AwaitingUser { auto_nudges: 1 })
+                .with_escalation("awaiting_user", ladder),
+        )
+        .with_model(ModelSpec::new("m", "p", "x"))
+        .with_provider("p", Arc::new(model))
+        .build()
+        .unwrap()
+}
+
+const ASKING: &str = "I prepared the migration.\n\nShall I run it on production now?";
+
+#[tokio::test]
+async fn an_escalate_step_parks_the_run_and_continue_with_a_message_goes_on() {
+    let (model, asked) = counting_model(vec![
+        ScriptedResponse::text(ASKING),
+        ScriptedResponse::text("Ran it: 12 rows updated."),
+    ]);
+    let rt = escalating(model);
+    let sink = Arc::new(CollectingSink::new());
+    let run = spawn(
+        &rt,
+        RunRequest::new("t", vec![Message::user("migrate")])
+            .with_run_id("e")
+            .with_event_sink(sink.clone()),
+    );
+    let pending = until_pending(&rt, "e", 1).await;
+    assert_eq!(pending[0].kind, PendingKind::Escalation);
+    assert_eq!(pending[0].tool, "awaiting_user");
+    let detail = pending[0].arguments["detail"].as_str().unwrap().to_lowercase();
+    assert!(detail.contains("production"), "{detail}");
+    // A tool-call decision is refused for an escalation.
+    let refused = rt
+        .decide("e", &pending[0].call_id, Decision::Approve)
+        .unwrap_err();
+    assert!(refused.to_string().contains("continue"), "{refused}");
+    rt.decide(
+        "e",
+        &pending[0].call_id,
+        Decision::Continue {
+            message: Some("Yes, run it.".into()),
+        },
+    )
+    .unwrap();
+    let result = run.await.unwrap().unwrap();
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    assert_eq!(result.response, "Ran it: 12 rows updated.");
+    assert_eq!(asked.load(Ordering::SeqCst), 2);
+    let history = rt.thread_messages("t").await;
+    assert!(
+        history
+            .iter()
+            .any(|m| m.role == Role::User && m.content == "Yes, run it.")
+    );
+    assert!(
+        sink.events()
+            .iter()
+            .any(|e| matches!(e, AgentEvent::Detected { action, .. } if action == "escalate"))
+    );
+}
+
+#[tokio::test]
+async fn an_escalation_answered_stop_or_take_over_ends_the_run_with_that_reason() {
+    for (decision, code) in [
+        (Decision::Stop, "awaiting_user"),
+        (Decision::TakeOver, "taken_over"),
+    ] {
+        let (model, asked) = counting_model(vec![ScriptedResponse::text(ASKING)]);
+        let rt = escalating(model);
+        let run = spawn(
+            &rt,
+            RunRequest::new("t", vec![Message::user("migrate")]).with_run_id("e"),
+        );
+        let pending = until_pending(&rt, "e", 1).await;
+        rt.decide("e", &pending[0].call_id, decision).unwrap();
+        let result = run.await.unwrap().unwrap();
+        assert_eq!(result.termination.code(), code, "{:?}", result.termination);
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
+    }
+}

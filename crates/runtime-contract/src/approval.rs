@@ -248,6 +248,10 @@ pub enum PendingKind {
     Approval,
     /// A question the model asked through `ask_user`; answered with `respond`.
     Question,
+    /// A detector's `escalate` step: `tool` is the detector's code and
+    /// `arguments` `{code, detail}`; answered with `continue`, `stop` or
+    /// `take_over`.
+    Escalation,
 }
 
 /// One call a parked run waits on.
@@ -332,6 +336,18 @@ pub enum Decision {
         /// The result the model sees (a string as is, anything else as JSON).
         result: serde_json::Value,
     },
+    /// An escalation: the run goes on (with `message` as a user message
+    /// before the next inference, if given).
+    Continue {
+        /// What the model is told.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+    /// An escalation: the run ends with the detector's code.
+    Stop,
+    /// An escalation: the run ends `stopped(taken_over)`; the person goes
+    /// on with the thread.
+    TakeOver,
 }
 
 impl Decision {
@@ -342,6 +358,9 @@ impl Decision {
             Self::Reject { .. } => "reject",
             Self::Edit { .. } => "edit",
             Self::Respond { .. } => "respond",
+            Self::Continue { .. } => "continue",
+            Self::Stop => "stop",
+            Self::TakeOver => "take_over",
         }
     }
 }

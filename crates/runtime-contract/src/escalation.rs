@@ -1,5 +1,5 @@
 //! What a detector does each time it fires: an escalation [`Ladder`] of
-//! `warn`, `nudge`, `deny` and `stop` steps, and per-tool rules for the
+//! `warn`, `nudge`, `deny`, `escalate` and `stop` steps, and per-tool rules for the
 //! tool-call loop detectors ([`ToolLoopRule`]).
 //!
 //! A ladder is set per detector code on the agent
@@ -65,6 +65,12 @@ pub enum EscalationAction {
     Deny,
     /// End the run with the detector's code.
     Stop,
+    /// Park the run for a person ([`crate::approval`]): a pending entry of
+    /// kind `escalation` with the detector's code and detail; they answer
+    /// `continue` (with a message the model sees, optionally), `stop` (the
+    /// run ends with the detector's code) or `take_over` (the run ends
+    /// `stopped(taken_over)`, the thread left to them).
+    Escalate,
 }
 
 impl EscalationAction {
@@ -75,6 +81,7 @@ impl EscalationAction {
             Self::Nudge => "nudge",
             Self::Deny => "deny",
             Self::Stop => "stop",
+            Self::Escalate => "escalate",
         }
     }
 
@@ -84,6 +91,7 @@ impl EscalationAction {
             "nudge" => Self::Nudge,
             "deny" => Self::Deny,
             "stop" => Self::Stop,
+            "escalate" => Self::Escalate,
             _ => return None,
         })
     }
@@ -126,7 +134,9 @@ impl Ladder {
     /// `stop` (it could never be reached).
     pub fn new(steps: Vec<EscalationStep>) -> Result<Self, String> {
         if steps.is_empty() {
-            return Err("a ladder needs at least one step (warn, nudge, deny or stop)".to_owned());
+            return Err(
+                "a ladder needs at least one step (warn, nudge, deny, escalate or stop)".to_owned(),
+            );
         }
         for (i, step) in steps.iter().enumerate() {
             if step.count == 0 || step.count > MAX_STEP_COUNT {
@@ -263,7 +273,7 @@ struct StepVisitor;
 fn action<E: de::Error>(name: &str) -> Result<EscalationAction, E> {
     EscalationAction::parse(name).ok_or_else(|| {
         E::custom(format!(
-            "unknown step \"{name}\"; expected warn, nudge, deny or stop"
+            "unknown step \"{name}\"; expected warn, nudge, deny, escalate or stop"
         ))
     })
 }

@@ -71,6 +71,9 @@ pub(crate) struct Directives {
     pub(crate) termination: Option<TerminationReason>,
     pub(crate) user_messages: Vec<String>,
     pub(crate) another_round: bool,
+    /// A detector's `escalate` step: the run parks for a person before
+    /// its next inference.
+    pub(crate) escalation: Option<rein_runtime_contract::lifecycle::StoppedReason>,
 }
 
 /// The identity of a run, shared by all its contexts.

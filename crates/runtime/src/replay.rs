@@ -264,6 +264,8 @@ impl Act for Report {
             }
             Verdict::Warn(r) => (r.code, r.detail, "warn"),
             Verdict::Deny(r) => (r.code, r.detail, "deny"),
+            // What a person would have decided is not in the recording.
+            Verdict::Escalate(r) => (r.code, r.detail, "escalate"),
             Verdict::Nudge(text) => {
                 self.another_round = true;
                 (

@@ -78,6 +78,14 @@ impl Prompter {
         }
         self.shown = true;
         match p.kind {
+            PendingKind::Escalation => {
+                eprintln!(
+                    "escalation: {}: {}",
+                    p.tool,
+                    p.arguments["detail"].as_str().unwrap_or_default()
+                );
+                eprint!("continue [message] / stop / take over> ");
+            }
             PendingKind::Question => {
                 eprintln!("? {}", p.question.as_deref().unwrap_or_default());
                 for (i, option) in p.options.iter().enumerate() {
@@ -163,6 +171,16 @@ fn parse(pending: &PendingApproval, line: &str) -> Result<Decision, String> {
     let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
     let rest = rest.trim();
     let reason = (!rest.is_empty()).then(|| rest.to_owned());
+    if pending.kind == PendingKind::Escalation {
+        return match word {
+            "continue" | "c" => Ok(Decision::Continue { message: reason }),
+            "stop" | "s" => Ok(Decision::Stop),
+            "take" | "take_over" | "t" => Ok(Decision::TakeOver),
+            _ => Err(format!(
+                "\"{line}\" is not an answer: type continue [message], stop or take over"
+            )),
+        };
+    }
     if pending.kind == PendingKind::Question {
         if matches!(word, "reject" | "r") && rest.is_empty() {
             return Ok(Decision::Reject { reason: None });

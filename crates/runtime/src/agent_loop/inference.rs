@@ -87,6 +87,12 @@ impl Act for Acting<'_> {
             }
             Verdict::Warn(reason) => (reason, "warn"),
             Verdict::Deny(reason) => (reason, "deny"),
+            Verdict::Escalate(reason) => {
+                // Another round, after the person's decision.
+                self.directives.another_round = true;
+                self.directives.escalation.get_or_insert(reason.clone());
+                (reason, "escalate")
+            }
         };
         if let Some(sink) = self.sink {
             emit_guarded(&**sink, detected_event(self.id, &reason, action));

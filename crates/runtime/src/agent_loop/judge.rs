@@ -378,7 +378,9 @@ fn admitted(retired: &Option<Vec<String>>, verdict: &Verdict) -> bool {
         return true;
     };
     let code = match verdict {
-        Verdict::Warn(r) | Verdict::Deny(r) | Verdict::Stop(r) => r.code.as_str(),
+        Verdict::Warn(r) | Verdict::Deny(r) | Verdict::Stop(r) | Verdict::Escalate(r) => {
+            r.code.as_str()
+        }
         Verdict::Nudge(text) => nudge_code(text),
     };
     !retired.iter().any(|c| c == code)
@@ -419,7 +421,9 @@ mod tests {
             .verdicts
             .iter()
             .map(|v| match v {
-                Verdict::Warn(r) | Verdict::Deny(r) | Verdict::Stop(r) => r.code.as_str(),
+                Verdict::Warn(r) | Verdict::Deny(r) | Verdict::Stop(r) | Verdict::Escalate(r) => {
+                    r.code.as_str()
+                }
                 Verdict::Nudge(text) => nudge_code(text),
             })
             .collect()

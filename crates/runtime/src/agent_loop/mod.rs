@@ -196,6 +196,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         watchdog,
         parked_pending: Vec::new(),
         parked_round: None,
+        escalations: 0,
         children: Vec::new(),
         state,
         directives: Directives::default(),
@@ -279,6 +280,8 @@ struct Run {
     /// While parked: where the parked round's assistant message is in the
     /// history (stored already, its held calls still unanswered).
     parked_round: Option<usize>,
+    /// Escalations so far (their pending ids are `escalation-<n>`).
+    escalations: u32,
     /// The sub-agent runs that ended, in order.
     children: Vec<ChildRun>,
     state: RunState,
@@ -466,6 +469,15 @@ impl Run {
             if self.control.token.is_cancelled() {
                 return self.cancelled_reason();
             }
+            if let Some(reason) = self.directives.escalation.take() {
+                match Box::pin(self.escalate(reason)).await {
+                    Ok(Some(message)) => self.directives.user_messages.push(message),
+                    // Nothing to tell the model after a final answer: it stands.
+                    Ok(None) if self.answered() => return TerminationReason::NaturalEnd,
+                    Ok(None) => {}
+                    Err(reason) => return reason,
+                }
+            }
             self.steps += 1;
             // A request for another round applies to the round it was made in.
             self.directives.another_round = false;
@@ -535,6 +547,14 @@ impl Run {
                 }
             }
         }
+    }
+
+    /// Whether the history ends with a final answer (an assistant message
+    /// without tool calls).
+    fn answered(&self) -> bool {
+        self.request.messages.last().is_some_and(|m| {
+            m.role == rein_runtime_contract::message::Role::Assistant && m.tool_calls.is_empty()
+        })
     }
 
     /// Moves nudges requested by hooks into the history.

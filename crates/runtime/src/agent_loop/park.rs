@@ -8,8 +8,9 @@
 
 use std::sync::Arc;
 
-use rein_runtime_contract::approval::Decision;
+use rein_runtime_contract::approval::{Decision, PendingApproval, PendingKind};
 use rein_runtime_contract::event::AgentEvent;
+use rein_runtime_contract::lifecycle::StoppedReason;
 use rein_runtime_contract::lifecycle::TerminationReason;
 use rein_runtime_contract::message::{ToolCall, ToolResult};
 use rein_runtime_contract::tool::Tool;
@@ -62,6 +63,14 @@ impl Run {
             .iter()
             .rposition(|m| !m.tool_calls.is_empty())
             .ok_or_else(|| cannot("its thread has no round with tool calls".into()))?;
+        if let Some(p) = resumed
+            .pending
+            .iter()
+            .find(|p| p.kind == PendingKind::Escalation)
+            .cloned()
+        {
+            return self.resume_escalation(p, resumed.decisions).await;
+        }
         let calls = self.request.messages[at].tool_calls.clone();
         let mut held = Vec::with_capacity(resumed.pending.len());
         for p in resumed.pending {
@@ -95,6 +104,33 @@ impl Run {
         }
         self.parked_round = Some(at);
         self.wait_and_run(&calls, held, &parked).await
+    }
+
+    /// Carries on a run parked on an escalation.
+    async fn resume_escalation(
+        &mut self,
+        pending: PendingApproval,
+        decisions: Vec<(String, Decision)>,
+    ) -> Result<(), TerminationReason> {
+        let parked = self
+            .control
+            .parked
+            .get_or_init(|| Arc::new(Parked::default()))
+            .clone();
+        let reason = StoppedReason::new(
+            pending.tool.clone(),
+            pending.arguments["detail"].as_str().unwrap_or_default(),
+        );
+        let call_id = pending.call_id.clone();
+        self.escalations += 1;
+        parked.hold(vec![Held::escalation(pending)]);
+        for (id, decision) in decisions.into_iter().filter(|(id, _)| *id == call_id) {
+            let _ = parked.decide(&self.id.run_id, &id, decision);
+        }
+        if let Some(message) = self.answer_escalation(&parked, reason).await? {
+            self.directives.user_messages.push(message);
+        }
+        Ok(())
     }
 
     /// Announces the park: the round so far stored, `approval_requested`
@@ -147,6 +183,17 @@ impl Run {
         held: Vec<(usize, Held)>,
         parked: &Arc<Parked>,
     ) -> Result<(), TerminationReason> {
+        self.wait_parked(parked).await?;
+        let decided = self.run_decided(calls, parked.all(), held).await;
+        if decided.is_ok() {
+            self.parked_round = None;
+        }
+        decided
+    }
+
+    /// Waits, with the deadline paused, until every held call is decided;
+    /// `Err` when the run ends while parked.
+    async fn wait_parked(&mut self, parked: &Parked) -> Result<(), TerminationReason> {
         // Parked time does not count toward the run's deadline nor its
         // `timeout` stop condition.
         let parked_at = Instant::now();
@@ -160,11 +207,73 @@ impl Run {
             self.parked_pending = parked.pending();
             return Err(reason);
         }
-        let decided = self.run_decided(calls, parked.all(), held).await;
-        if decided.is_ok() {
-            self.parked_round = None;
+        Ok(())
+    }
+
+    /// A detector's `escalate` step: parks the run for a person, who
+    /// answers `continue` (`Ok`, with the message the model is to see, if
+    /// any), `stop` or `take_over` (`Err`: the run ends).
+    pub(super) async fn escalate(
+        &mut self,
+        reason: StoppedReason,
+    ) -> Result<Option<String>, TerminationReason> {
+        let parked = self
+            .control
+            .parked
+            .get_or_init(|| Arc::new(Parked::default()))
+            .clone();
+        self.escalations += 1;
+        let mut pending = PendingApproval::new(
+            &self.id.run_id,
+            &self.id.thread_id,
+            format!("escalation-{}", self.escalations),
+            &reason.code,
+            serde_json::json!({"code": reason.code, "detail": reason.detail}),
+        );
+        pending.kind = PendingKind::Escalation;
+        let held = Held::escalation(pending);
+        parked.hold(vec![held.clone()]);
+        self.announce_park(std::slice::from_ref(&(0, held))).await?;
+        // No call of a round waits: nothing to repair if it ends here.
+        self.parked_round = None;
+        self.answer_escalation(&parked, reason).await
+    }
+
+    /// Waits for the answer to the escalation `parked` holds.
+    async fn answer_escalation(
+        &mut self,
+        parked: &Parked,
+        reason: StoppedReason,
+    ) -> Result<Option<String>, TerminationReason> {
+        self.wait_parked(parked).await?;
+        let Some(held) = parked.all().into_iter().next() else {
+            return Ok(None);
+        };
+        let decision = held
+            .decision
+            .unwrap_or(Decision::Continue { message: None });
+        self.emit(|| AgentEvent::ApprovalDecided {
+            run_id: self.id.run_id.clone(),
+            thread_id: self.id.thread_id.clone(),
+            call_id: held.pending.call_id.clone(),
+            decision: decision.name().to_owned(),
+        });
+        match decision {
+            Decision::Stop => Err(TerminationReason::Stopped(StoppedReason::new(
+                reason.code,
+                format!("{} (a person stopped the run)", reason.detail),
+            ))),
+            Decision::TakeOver => Err(TerminationReason::stopped(
+                "taken_over",
+                format!(
+                    "a person took the thread over after {}: {}",
+                    reason.code, reason.detail
+                ),
+            )),
+            Decision::Continue { message } => Ok(message.filter(|m| !m.trim().is_empty())),
+            // Refused by `Parked::decide` for an escalation.
+            _ => Ok(None),
         }
-        decided
     }
 
     /// Waits until every held call is decided (`None`), or the run ends
@@ -244,8 +353,16 @@ impl Run {
                     };
                     results[i] = answer(text, h.timed_out);
                 }
-                // The gate holds only calls of the agent's tools.
-                (Decision::Approve | Decision::Edit { .. }, None) => {
+                // The gate holds only calls of the agent's tools, and
+                // escalation answers are refused for tool calls.
+                (
+                    Decision::Approve
+                    | Decision::Edit { .. }
+                    | Decision::Continue { .. }
+                    | Decision::Stop
+                    | Decision::TakeOver,
+                    _,
+                ) => {
                     results[i] = answer(format!("error: unknown tool \"{}\"", calls[i].name), true);
                 }
             }

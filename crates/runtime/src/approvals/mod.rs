@@ -126,6 +126,17 @@ pub(crate) struct Held {
 }
 
 impl Held {
+    /// A detector's escalation waiting for a person.
+    pub(crate) fn escalation(pending: PendingApproval) -> Self {
+        Self {
+            pending,
+            deadline: None,
+            decision: None,
+            timed_out: false,
+            parameters: serde_json::Value::Null,
+        }
+    }
+
     /// A held call carried on from `pending` (its timeout counted from its
     /// `expires_at`, which a rule of `gate` set).
     pub(crate) fn resumed(
@@ -421,7 +432,22 @@ impl Parked {
             call_id: call_id.to_owned(),
             message,
         };
+        let escalation = matches!(
+            decision,
+            Decision::Continue { .. } | Decision::Stop | Decision::TakeOver
+        );
         match (&decision, entry.pending.kind) {
+            (_, PendingKind::Escalation) if !escalation => {
+                return Err(invalid(
+                    "an escalation is answered with `continue` (optionally with a `message`), `stop` or `take_over`".into(),
+                ));
+            }
+            (_, PendingKind::Approval | PendingKind::Question) if escalation => {
+                return Err(invalid(format!(
+                    "`{}` answers an escalation; a tool call is decided with `approve`, `reject`, `edit` or `respond`",
+                    decision.name()
+                )));
+            }
             (Decision::Approve | Decision::Edit { .. }, PendingKind::Question) => {
                 return Err(invalid(
                     "a question is answered with `respond` (its `result` is the answer) or declined with `reject`".into(),

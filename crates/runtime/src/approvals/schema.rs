@@ -116,7 +116,7 @@ mod tests {
         assert!(
             check(&schema, &json!("text"))
                 .unwrap_err()
-                .contains("must be object")
+                .contains("must be an object")
         );
     }
 }

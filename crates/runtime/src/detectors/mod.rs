@@ -6,7 +6,7 @@
 //!
 //! Each detection climbs the detector's escalation
 //! [`Ladder`] (its `on_detect`, or the agent's `escalation:` entry for its
-//! code): a [`Verdict`] to warn, nudge, deny or stop. A `deny` makes the
+//! code): a [`Verdict`] to warn, nudge, deny, escalate or stop. A `deny` makes the
 //! tool-call detectors refuse the repeated call before it runs
 //! (`Detectors::screen`); the next detection after the `deny` steps moves
 //! on.
@@ -70,6 +70,8 @@ pub enum Verdict {
     Deny(StoppedReason),
     /// End the run.
     Stop(StoppedReason),
+    /// Park the run for a person before its next inference.
+    Escalate(StoppedReason),
 }
 
 /// A detector's place on its ladder: each detection takes the next step.
@@ -104,6 +106,7 @@ impl Escalation {
                 Verdict::Nudge(nudge.to_owned())
             }
             EscalationAction::Deny => Verdict::Deny(StoppedReason::new(code, detail)),
+            EscalationAction::Escalate => Verdict::Escalate(StoppedReason::new(code, detail)),
             _ => {
                 let detail = if self.nudged {
                     format!("{detail} (again, after a nudge)")

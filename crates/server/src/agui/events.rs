@@ -183,15 +183,14 @@ impl Run {
                     json!({"type": "TEXT_MESSAGE_CONTENT", "messageId": id, "delta": delta}),
                 ));
             }
+            // A call announced when it was held is not announced again.
             AgentEvent::ToolCallStarted {
                 call_id,
                 name,
                 arguments,
                 ..
-            } => {
-                if !self.announced.remove(call_id) {
-                    self.announce_call(call_id, name, arguments, emitted, out);
-                }
+            } if !self.announced.remove(call_id) => {
+                self.announce_call(call_id, name, arguments, emitted, out);
             }
             AgentEvent::ToolCallFinished {
                 call_id, result, ..
@@ -209,6 +208,21 @@ impl Run {
 /// `responseSchema` for the decision, or `input_required` for an
 /// `ask_user` question (its message the question, its schema the options).
 fn interrupt(id: &str, tool: &str, arguments: &Value, kind: PendingKind) -> Value {
+    if kind == PendingKind::Escalation {
+        let detail = arguments["detail"].as_str().unwrap_or_default();
+        return json!({
+            "id": id, "reason": "escalation",
+            "message": format!("{tool}: {detail}"),
+            "responseSchema": {
+                "type": "object",
+                "properties": {
+                    "decision": {"enum": ["continue", "stop", "take_over"]},
+                    "message": {"type": "string"},
+                },
+                "required": ["decision"],
+            },
+        });
+    }
     if kind == PendingKind::Question {
         let question = arguments
             .get("question")
@@ -481,12 +495,15 @@ impl Translator {
                 ..
             } => {
                 if let Some(run) = self.runs.get_mut(run_id) {
-                    run.announce_call(call_id, tool, arguments, &mut self.emitted, &mut out);
-                    run.announced.insert(call_id.clone());
                     let id = run.tool_call_id(call_id);
-                    run.interrupts.push(id.clone());
                     let mut interrupt = interrupt(&id, tool, arguments, *kind);
-                    interrupt["toolCallId"] = json!(id);
+                    // An escalation holds no tool call.
+                    if *kind != PendingKind::Escalation {
+                        run.announce_call(call_id, tool, arguments, &mut self.emitted, &mut out);
+                        run.announced.insert(call_id.clone());
+                        interrupt["toolCallId"] = json!(id);
+                    }
+                    run.interrupts.push(id.clone());
                     if let Some(at) = expires_at {
                         interrupt["expiresAt"] = json!(at);
                     }

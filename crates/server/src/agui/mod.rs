@@ -158,6 +158,8 @@ async fn resume(
 fn decision_of(entry: &input::ResumeEntry, kind: PendingKind) -> Result<Decision, ApiError> {
     let invalid = |message: String| ApiError::new(422, "invalid_decision", message);
     match (entry.status.as_str(), &entry.payload) {
+        // Cancelling an escalation stops the run; a call, it rejects.
+        ("cancelled", _) if kind == PendingKind::Escalation => Ok(Decision::Stop),
         ("cancelled", _) => Ok(Decision::Reject { reason: None }),
         ("resolved", Some(payload)) if payload.get("decision").is_some() => {
             serde_json::from_value(payload.clone()).map_err(|e| {
@@ -225,7 +227,7 @@ fn stream(
         .map(Some)
         .chain(rest.flatten())
         .take_while(|item| std::future::ready(item.is_some()))
-        .filter_map(|item| std::future::ready(item))
+        .filter_map(std::future::ready)
         .map(move |json| {
             let _keep = &guard;
             Ok(Event::default().data(json))

@@ -50,11 +50,20 @@ impl Distributed {
             Err(e) => return Err(e),
         };
         let runs = self.db.runs();
-        let pending = entry
+        let mut pending = entry
             .record()
             .pending_approvals
             .into_iter()
             .find(|p| p.call_id == call_id);
+        if pending.is_none() && !entry.driven_here() {
+            // This process's copy of a run another one drives may lag its
+            // park: the database says.
+            pending = self
+                .stored_pending(Some(&entry.thread_id))
+                .await?
+                .into_iter()
+                .find(|p| p.run_id == run_id && p.call_id == call_id);
+        }
         if let Some(p) = &pending {
             self.check_decision(&entry, p, &decision)?;
         }
@@ -107,6 +116,20 @@ impl Distributed {
             }
             .into()
         };
+        let escalation = matches!(
+            decision,
+            Decision::Continue { .. } | Decision::Stop | Decision::TakeOver
+        );
+        if escalation != (pending.kind == PendingKind::Escalation) {
+            return Err(invalid(if escalation {
+                format!(
+                    "`{}` answers an escalation; a tool call is decided with `approve`, `reject`, `edit` or `respond`",
+                    decision.name()
+                )
+            } else {
+                "an escalation is answered with `continue` (optionally with a `message`), `stop` or `take_over`".into()
+            }));
+        }
         match decision {
             Decision::Approve | Decision::Edit { .. } if pending.kind == PendingKind::Question => {
                 Err(invalid(
