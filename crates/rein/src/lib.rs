@@ -185,7 +185,7 @@ pub use rein_runtime_contract::config;
 /// plugin. `docs/approvals.md` explains the lifecycle.
 pub mod approvals {
     pub use rein_runtime::approvals::{
-        ASK_USER, ApprovalError, AskUserPlugin, Decided, ParkedRun, check_arguments,
+        ASK_USER, ApprovalError, AskUserPlugin, Decided, ParkedRun, check_arguments, pending_of,
     };
     pub use rein_runtime_contract::approval::{
         ApprovalAction, ApprovalRule, Decision, OnTimeout, PendingApproval, PendingKind, RuleError,

@@ -824,7 +824,10 @@ async fn an_escalate_step_parks_the_run_and_continue_with_a_message_goes_on() {
     let pending = until_pending(&rt, "e", 1).await;
     assert_eq!(pending[0].kind, PendingKind::Escalation);
     assert_eq!(pending[0].tool, "awaiting_user");
-    let detail = pending[0].arguments["detail"].as_str().unwrap().to_lowercase();
+    let detail = pending[0].arguments["detail"]
+        .as_str()
+        .unwrap()
+        .to_lowercase();
     assert!(detail.contains("production"), "{detail}");
     // A tool-call decision is refused for an escalation.
     let refused = rt

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
-use rein::contract::approval::{PendingApproval, PendingKind};
 use rein::contract::event::AgentEvent;
 use rein::contract::message::Message;
 use rein::{TerminalPrinter, TerminationReason};
@@ -401,15 +400,10 @@ async fn run_command(
                     if let Some(event) = logged.event() {
                         printer.print(event);
                         match event {
-                            AgentEvent::ApprovalRequested { run_id, thread_id, call_id, tool, arguments, kind, expires_at } => {
-                                let mut pending = PendingApproval::new(run_id, thread_id, call_id, tool, arguments.clone());
-                                pending.kind = *kind;
-                                pending.expires_at.clone_from(expires_at);
-                                if *kind == PendingKind::Question {
-                                    pending.question = arguments.get("question").and_then(|q| q.as_str()).map(str::to_owned);
-                                    pending.options = arguments.get("options").and_then(|o| o.as_array()).map(|o| o.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default();
+                            AgentEvent::ApprovalRequested { .. } => {
+                                if let Some(pending) = rein::approvals::pending_of(event) {
+                                    prompter.requested(pending);
                                 }
-                                prompter.requested(pending);
                             }
                             AgentEvent::ApprovalDecided { call_id, .. } => prompter.decided(call_id),
                             _ => {}

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use rein_runtime::AgentRunResult;
 use rein_runtime_contract::CancellationToken;
-use rein_runtime_contract::approval::{PendingApproval, PendingKind};
+use rein_runtime_contract::approval::PendingApproval;
 use rein_runtime_contract::event::{AgentEvent, CancelCause, EventSink};
 use rein_runtime_contract::lifecycle::{StopReport, TerminationReason};
 use rein_runtime_contract::message::{CacheUsage, TokenUsage};
@@ -802,25 +802,10 @@ impl RunEntry {
 /// Keeps a parked run's pending calls and status from its own events.
 fn track_approvals(state: &mut EntryState, event: &AgentEvent) {
     match event {
-        AgentEvent::ApprovalRequested {
-            run_id,
-            thread_id,
-            call_id,
-            tool,
-            arguments,
-            kind,
-            expires_at,
-        } => {
-            let mut pending =
-                PendingApproval::new(run_id, thread_id, call_id, tool, arguments.clone());
-            pending.kind = *kind;
-            pending.expires_at.clone_from(expires_at);
-            if *kind == PendingKind::Question {
-                let (question, options) = question_of(arguments);
-                pending.question = Some(question);
-                pending.options = options;
-            }
-            state.pending.push(pending);
+        AgentEvent::ApprovalRequested { .. } => {
+            state
+                .pending
+                .extend(rein_runtime::approvals::pending_of(event));
             if state.status != RunStatus::Finished {
                 state.status = RunStatus::AwaitingApproval;
             }
@@ -834,22 +819,4 @@ fn track_approvals(state: &mut EntryState, event: &AgentEvent) {
         AgentEvent::RunFinished { .. } => state.pending.clear(),
         _ => {}
     }
-}
-
-/// The question and options of an `ask_user` call's arguments.
-fn question_of(arguments: &serde_json::Value) -> (String, Vec<String>) {
-    let question = arguments
-        .get("question")
-        .and_then(serde_json::Value::as_str)
-        .map_or_else(|| arguments.to_string(), str::to_owned);
-    let options = arguments
-        .get("options")
-        .and_then(serde_json::Value::as_array)
-        .map(|o| {
-            o.iter()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    (question, options)
 }

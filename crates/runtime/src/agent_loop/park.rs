@@ -20,6 +20,14 @@ use super::{DeadlineWatchdog, Run};
 use crate::approvals::{Held, Parked, ParkedRun, rejected_text};
 
 impl Run {
+    /// The run's parked state (made on its first park).
+    fn parked_state(&self) -> Arc<Parked> {
+        self.control
+            .parked
+            .get_or_init(|| Arc::new(Parked::default()))
+            .clone()
+    }
+
     /// Parks the run on `held` calls of `calls` and, once they are all
     /// decided, runs and records them. `Err` when the run ends while parked.
     pub(super) async fn park(
@@ -27,11 +35,7 @@ impl Run {
         calls: &[ToolCall],
         held: Vec<(usize, Held)>,
     ) -> Result<(), TerminationReason> {
-        let parked = self
-            .control
-            .parked
-            .get_or_init(|| Arc::new(Parked::default()))
-            .clone();
+        let parked = self.parked_state();
         parked.hold(held.iter().map(|(_, h)| h.clone()).collect());
         self.announce_park(&held).await?;
         self.wait_and_run(calls, held, &parked).await
@@ -91,11 +95,7 @@ impl Run {
                 .unwrap_or_default();
             held.push((i, Held::resumed(p, &self.agent.gate, &calls[i], parameters)));
         }
-        let parked = self
-            .control
-            .parked
-            .get_or_init(|| Arc::new(Parked::default()))
-            .clone();
+        let parked = self.parked_state();
         parked.hold(held.iter().map(|(_, h)| h.clone()).collect());
         for (call_id, decision) in resumed.decisions {
             if let Err(error) = parked.decide(&self.id.run_id, &call_id, decision) {
@@ -112,11 +112,7 @@ impl Run {
         pending: PendingApproval,
         decisions: Vec<(String, Decision)>,
     ) -> Result<(), TerminationReason> {
-        let parked = self
-            .control
-            .parked
-            .get_or_init(|| Arc::new(Parked::default()))
-            .clone();
+        let parked = self.parked_state();
         let reason = StoppedReason::new(
             pending.tool.clone(),
             pending.arguments["detail"].as_str().unwrap_or_default(),
@@ -217,11 +213,7 @@ impl Run {
         &mut self,
         reason: StoppedReason,
     ) -> Result<Option<String>, TerminationReason> {
-        let parked = self
-            .control
-            .parked
-            .get_or_init(|| Arc::new(Parked::default()))
-            .clone();
+        let parked = self.parked_state();
         self.escalations += 1;
         let mut pending = PendingApproval::new(
             &self.id.run_id,

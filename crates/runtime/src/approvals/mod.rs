@@ -513,6 +513,33 @@ impl Parked {
     }
 }
 
+/// The pending entry an `approval_requested` event announces (a
+/// question's text and options read from its arguments); `None` for any
+/// other event.
+pub fn pending_of(event: &rein_runtime_contract::event::AgentEvent) -> Option<PendingApproval> {
+    let rein_runtime_contract::event::AgentEvent::ApprovalRequested {
+        run_id,
+        thread_id,
+        call_id,
+        tool,
+        arguments,
+        kind,
+        expires_at,
+    } = event
+    else {
+        return None;
+    };
+    let mut pending = PendingApproval::new(run_id, thread_id, call_id, tool, arguments.clone());
+    pending.kind = *kind;
+    pending.expires_at.clone_from(expires_at);
+    if *kind == PendingKind::Question {
+        let (question, options) = ask_user::question_of(arguments);
+        pending.question = Some(question);
+        pending.options = options;
+    }
+    Some(pending)
+}
+
 /// The result text of a rejected call.
 pub(crate) fn rejected_text(reason: Option<&str>) -> String {
     match reason {
