@@ -393,3 +393,59 @@ async fn the_pairing_check_refuses_an_unanswered_call() {
     let error = openai_accepts(history).await.unwrap_err();
     assert!(error.contains("tool_call_id"), "{error}");
 }
+
+#[tokio::test]
+async fn an_escalation_is_answered_over_http_with_continue_and_a_message() {
+    use rein::escalation::{EscalationAction, EscalationStep, Ladder};
+    let asking = "I prepared the migration.\n\nShall I run it on production now?";
+    let executor = ScriptedExecutor::new(vec![
+        ScriptedResponse::text(asking),
+        ScriptedResponse::text("Ran it: 12 rows updated."),
+    ]);
+    let ladder = Ladder::new(vec![EscalationStep::new(EscalationAction::Escalate, 1)]).unwrap();
+    let runtime = AgentRuntimeBuilder::new()
+        .with_agent_spec(
+            AgentSpec::new("a")
+                .with_model_id("m")
+                .with_stop_condition(rein::contract::lifecycle::StopConditionSpec::AwaitingUser {
+                    auto_nudges: 1,
+                })
+                .with_escalation("awaiting_user", ladder),
+        )
+        .with_model(ModelSpec::new("m", "p", "x"))
+        .with_provider("p", Arc::new(executor))
+        .build()
+        .unwrap();
+    let server = Server::start_runtime(runtime).await;
+    let (_, accepted) = server.say("t", "migrate", json!({})).await;
+    let run_id = accepted["run_id"].as_str().unwrap().to_owned();
+    let record = parked(&server, &run_id, 1).await;
+    let pending = &record["pending_approvals"][0];
+    assert_eq!(pending["kind"], "escalation", "{record}");
+    assert_eq!(pending["tool"], "awaiting_user");
+    let path = format!(
+        "/v1/runs/{run_id}/approvals/{}",
+        pending["call_id"].as_str().unwrap()
+    );
+    let (status, body) = server.post(&path, json!({"decision": "approve"})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("invalid_decision")),
+        "{body}"
+    );
+    let (status, body) = server
+        .post(
+            &path,
+            json!({"decision": "continue", "message": "Yes, run it."}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let record = server.finished(&run_id).await;
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    assert_eq!(record["response"], "Ran it: 12 rows updated.");
+    assert_eq!(
+        server.user_messages("t").await,
+        vec!["migrate".to_owned(), "Yes, run it.".to_owned()]
+    );
+    server.stop().await;
+}
