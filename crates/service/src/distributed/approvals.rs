@@ -28,6 +28,11 @@ use crate::error::ServiceError;
 use crate::mode::Mode;
 use crate::records::{RunEntry, RunStatus};
 
+/// How long a decision for a call not (yet) known to be pending waits for
+/// its run's park to reach the database, and how often it looks.
+const PARK_LAG: Duration = Duration::from_millis(500);
+const PARK_POLL: Duration = Duration::from_millis(20);
+
 fn unknown(run_id: &str, call_id: &str) -> ServiceError {
     ApprovalError::UnknownApproval {
         run_id: run_id.to_owned(),
@@ -55,14 +60,22 @@ impl Distributed {
             .pending_approvals
             .into_iter()
             .find(|p| p.call_id == call_id);
-        if pending.is_none() && !entry.driven_here() {
-            // This process's copy of a run another one drives may lag its
-            // park: the database says.
+        // This process's copy of a run another one drives may lag its
+        // park, and the park may not be in the database yet (its owner
+        // writes events a few milliseconds after it logs them): the
+        // database is asked, for a moment, while the run runs.
+        let mut waited = Duration::ZERO;
+        while pending.is_none() && !entry.driven_here() && entry.status() != RunStatus::Finished {
             pending = self
                 .stored_pending(Some(&entry.thread_id))
                 .await?
                 .into_iter()
                 .find(|p| p.run_id == run_id && p.call_id == call_id);
+            if pending.is_some() || waited >= PARK_LAG {
+                break;
+            }
+            tokio::time::sleep(PARK_POLL).await;
+            waited += PARK_POLL;
         }
         if let Some(p) = &pending {
             self.check_decision(&entry, p, &decision)?;
