@@ -486,16 +486,26 @@ providers:
     responses:
       - { text: "Delegating.", tool_calls: [ { name: worker, arguments: { task: "finish up" } } ] }
       - "The worker finished."
+  careful:
+    kind: scripted
+    responses:
+      - "I prepared the migration.\n\nShall I run it on production now?"
+      - "Ran it: 12 rows updated."
 models:
   ops: { provider: ops, model: o }
   asker: { provider: asker, model: a }
   worker: { provider: worker, model: w }
   lead: { provider: lead, model: l }
+  careful: { provider: careful, model: c }
 agents:
   - { id: ops, model_id: ops, plugin_ids: [terminate], approvals: [ { tool: terminate, action: ask } ] }
   - { id: asker, model_id: asker, plugin_ids: [ask_user] }
   - { id: worker, model_id: worker, plugin_ids: [terminate], approvals: [ { tool: terminate, action: ask } ] }
   - { id: lead, model_id: lead, subagents: [ { agent: worker } ] }
+  - id: careful
+    model_id: careful
+    stop_conditions: [ { type: awaiting_user } ]
+    escalation: { awaiting_user: [escalate] }
 "#;
 
 /// The approval scenario's two runs, accepted by the client (no error,
@@ -632,5 +642,33 @@ async fn an_approval_inside_a_sub_agent_surfaces_at_the_root_and_resumes_the_chi
     let end = second.last().unwrap();
     assert_eq!(end["type"], "RUN_FINISHED");
     assert_eq!(end["result"]["termination"]["type"], "natural_end", "{end}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_escalation_is_an_interrupt_the_official_client_resumes_with_continue() {
+    let Some(modules) = client() else { return };
+    let server = Server::start(APPROVAL_YAML).await;
+    let seen = node(&modules, &server.at("/v1/ag-ui/careful"), "escalation").await;
+    let (first, second) = two_runs(&seen);
+    let interrupt = &first.last().unwrap()["outcome"]["interrupts"][0];
+    assert_eq!(interrupt["reason"], "escalation", "{interrupt}");
+    assert_eq!(
+        interrupt.get("toolCallId"),
+        None,
+        "an escalation holds no tool call"
+    );
+    assert!(!first.iter().any(|e| e["type"] == "TOOL_CALL_START"));
+    let text: String = second
+        .iter()
+        .filter(|e| e["type"] == "TEXT_MESSAGE_CONTENT")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert!(text.contains("12 rows updated"), "{second:#?}");
+    let end = second.last().unwrap();
+    assert_eq!(end["type"], "RUN_FINISHED", "{second:#?}");
+    assert_eq!(end["result"]["termination"]["type"], "natural_end", "{end}");
+    let (_, history) = server.get("/v1/threads/agui-escalation/messages").await;
+    assert!(history.to_string().contains("Yes, run it."), "{history}");
     server.stop().await;
 }

@@ -2,7 +2,7 @@
 // HttpAgent) and prints one JSON line with what it saw.
 //   node client.cjs <endpoint url> <scenario: conversation | abort | error |
 //     subagent | subagent-error | subagent-abort | subagent-cancel | subagent-tree |
-//     approval | approval-reject | approval-subagent | question>
+//     approval | approval-reject | approval-subagent | question | escalation>
 // The sub-agent scenarios record whole events (else only their types), and
 // the client's own warnings (an event it had to strip or drop).
 const { HttpAgent } = require("@ag-ui/client");
@@ -87,7 +87,7 @@ async function main() {
     }
     const messages = agent.messages.map((m) => ({ id: m.id, role: m.role, subagentRunId: m.subagentRunId }));
     console.log(JSON.stringify({ first, second, messages, warnings }));
-  } else if (scenario.startsWith("approval") || scenario === "question") {
+  } else if (scenario.startsWith("approval") || scenario === "question" || scenario === "escalation") {
     // A run that parks ends on an interrupt; a second run resumes it.
     delete process.env.SUPPRESS_TRANSFORMATION_WARNINGS;
     const warn = console.warn;
@@ -103,6 +103,8 @@ async function main() {
     const payload =
       scenario === "question"
         ? { decision: "respond", result: "eu" }
+        : scenario === "escalation"
+          ? { decision: "continue", message: "Yes, run it." }
         : scenario === "approval-reject"
           ? undefined
           : { decision: "approve" };
