@@ -157,6 +157,22 @@ async fn submit(
     .await
 }
 
+/// Reads an SSE response until its text so far contains `marker`;
+/// fails with `ended` if the stream ends first.
+async fn read_until<B: AsRef<[u8]>>(
+    events: &mut (impl futures::Stream<Item = reqwest::Result<B>> + Unpin),
+    marker: &str,
+    ended: &str,
+) {
+    let mut seen = String::new();
+    while !seen.contains(marker) {
+        match events.next().await {
+            Some(Ok(chunk)) => seen.push_str(&String::from_utf8_lossy(chunk.as_ref())),
+            _ => fail(ended),
+        }
+    }
+}
+
 async fn status(client: &reqwest::Client, node: &Node, run_id: &str) -> String {
     let record: Value = match client
         .get(format!("{}/v1/runs/{run_id}", node.url))
@@ -190,13 +206,7 @@ pub(crate) async fn cancel(runs: usize) {
             Ok(r) => r.bytes_stream(),
             Err(e) => fail(&e.to_string()),
         };
-        let mut seen = String::new();
-        while !seen.contains("text_delta") {
-            match events.next().await {
-                Some(Ok(chunk)) => seen.push_str(&String::from_utf8_lossy(&chunk)),
-                _ => fail("the run's stream ended early"),
-            }
-        }
+        read_until(&mut events, "text_delta", "the run's stream ended early").await;
         let start = Instant::now();
         let (code, answer) = post(
             &client,
@@ -333,16 +343,15 @@ pub(crate) async fn approval(runs: usize, lost: bool) {
             Ok(r) => r.bytes_stream(),
             Err(e) => fail(&e.to_string()),
         };
-        let mut seen = String::new();
         if std::env::var_os("REIN_BENCH_TRACE").is_some() {
             eprintln!("run {i}: {run_id} submitted");
         }
-        while !seen.contains("event: run_parked") {
-            match events.next().await {
-                Some(Ok(chunk)) => seen.push_str(&String::from_utf8_lossy(&chunk)),
-                _ => fail("the run's stream ended before it parked"),
-            }
-        }
+        read_until(
+            &mut events,
+            "event: run_parked",
+            "the run's stream ended before it parked",
+        )
+        .await;
         let record: Value = match client
             .get(format!("{}/v1/runs/{run_id}", a.url))
             .send()
@@ -355,7 +364,6 @@ pub(crate) async fn approval(runs: usize, lost: bool) {
             .as_str()
             .unwrap_or_else(|| fail(&format!("not parked: {record}")))
             .to_owned();
-        seen.clear();
         if std::env::var_os("REIN_BENCH_TRACE").is_some() {
             eprintln!("run {i}: parked on {call}");
         }
@@ -382,12 +390,12 @@ pub(crate) async fn approval(runs: usize, lost: bool) {
                 fail(&format!("the decision was answered {code} {answer}"));
             }
         }
-        while !seen.contains("event: tool_call_started") {
-            match events.next().await {
-                Some(Ok(chunk)) => seen.push_str(&String::from_utf8_lossy(&chunk)),
-                _ => fail("the run's stream ended before the call started"),
-            }
-        }
+        read_until(
+            &mut events,
+            "event: tool_call_started",
+            "the run's stream ended before the call started",
+        )
+        .await;
         latencies.push(start.elapsed().as_secs_f64() * 1e3);
     }
     pool.close().await;

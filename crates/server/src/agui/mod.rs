@@ -40,7 +40,7 @@ use crate::http::{ApiError, JsonBody, PathParams, run_log};
 use crate::service::{RunEntry, RunStatus, Service, Strategy, Submission};
 use events::Translator;
 use input::RunAgentInput;
-use rein::contract::approval::{Decision, PendingKind};
+use rein::contract::approval::{Decision, PendingApproval, PendingKind};
 use rein::events::AgentEvent;
 
 /// `POST /v1/ag-ui/{agent_id}`.
@@ -107,21 +107,11 @@ async fn resume(
     // Every entry is checked before any is decided.
     let mut decisions = Vec::with_capacity(input.resume.len());
     for entry in &input.resume {
-        let Some(p) = pending.iter().find(|p| {
-            let id = if p.root_run_id.is_some() {
-                format!("{}:{}", p.run_id, p.call_id)
-            } else {
-                p.call_id.clone()
-            };
-            id == entry.interrupt_id
-        }) else {
-            let open: Vec<String> = pending
-                .iter()
-                .map(|p| match p.root_run_id {
-                    Some(_) => format!("{}:{}", p.run_id, p.call_id),
-                    None => p.call_id.clone(),
-                })
-                .collect();
+        let Some(p) = pending
+            .iter()
+            .find(|p| interrupt_id(p) == entry.interrupt_id)
+        else {
+            let open: Vec<String> = pending.iter().map(interrupt_id).collect();
             return Err(ApiError::new(
                 404,
                 "unknown_approval",
@@ -150,6 +140,15 @@ async fn resume(
         .collect();
     let translator = Translator::resuming(thread, &input.run_id, &root, &before);
     Ok((run, translator, parked_at as u64))
+}
+
+/// The AG-UI id of a pending call's interrupt: its tool call's AG-UI id
+/// (`<child run>:<call>` for a sub-agent's, as the translator names it).
+fn interrupt_id(pending: &PendingApproval) -> String {
+    match pending.root_run_id {
+        Some(_) => format!("{}:{}", pending.run_id, pending.call_id),
+        None => pending.call_id.clone(),
+    }
 }
 
 /// The decision an AG-UI resume entry means: `cancelled` rejects;
