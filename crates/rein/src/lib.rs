@@ -253,7 +253,7 @@ pub mod engine {
 
 pub use rein_runtime::{
     AgentRunResult, AgentRuntime, AgentRuntimeBuilder, BuildError, CancelToolCallError,
-    DEFAULT_CANCEL_WAIT_TIMEOUT, Mailbox, RunHandle, RunObserver, RunRequest, RunStream,
+    DEFAULT_CANCEL_WAIT_TIMEOUT, Mailbox, RunExit, RunHandle, RunObserver, RunRequest, RunStream,
     RuntimeError, TerminalPrinter,
 };
 pub use rein_runtime_contract::CancellationToken;

@@ -52,6 +52,9 @@ pub(crate) struct RunControl {
     pub(crate) parked: OnceLock<crate::approvals::SharedParked>,
     /// The root of the run's tree, for a sub-agent's run.
     pub(crate) root_run_id: Option<Arc<str>>,
+    /// Set when the run parked and let go of its task: what to carry on.
+    let_go: std::sync::Mutex<Option<Box<crate::approvals::ParkedRun>>>,
+    let_go_flag: AtomicBool,
 }
 
 impl RunControl {
@@ -67,6 +70,8 @@ impl RunControl {
             family: OnceLock::new(),
             parked: OnceLock::new(),
             root_run_id: None,
+            let_go: std::sync::Mutex::new(None),
+            let_go_flag: AtomicBool::new(false),
         }
     }
 
@@ -107,6 +112,28 @@ impl RunControl {
     /// Claims the run's one `RunFinished`: `true` the first time only.
     pub(crate) fn claim_finished(&self) -> bool {
         !self.finished.swap(true, Ordering::AcqRel)
+    }
+
+    /// Records that the run parked and let go of its task.
+    pub(crate) fn let_go(&self, parked: crate::approvals::ParkedRun) {
+        *self
+            .let_go
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Box::new(parked));
+        self.let_go_flag.store(true, Ordering::Release);
+    }
+
+    /// Whether the run parked and let go of its task.
+    pub(crate) fn has_let_go(&self) -> bool {
+        self.let_go_flag.load(Ordering::Acquire)
+    }
+
+    /// The parked run it let go of, once.
+    pub(crate) fn take_let_go(&self) -> Option<Box<crate::approvals::ParkedRun>> {
+        self.let_go
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     /// Cancels the run; the first cause recorded is the one reported.

@@ -52,6 +52,6 @@ pub use builder::{AgentRuntimeBuilder, BuildError, DEFAULT_CANCEL_WAIT_TIMEOUT};
 pub use extensions::RunObserver;
 pub use mailbox::{Mailbox, RunHandle};
 pub use printer::TerminalPrinter;
-pub use run::{AgentRunResult, RunRequest};
+pub use run::{AgentRunResult, RunExit, RunRequest};
 pub use runtime::{AgentRuntime, CancelToolCallError, RuntimeError};
 pub use stream::RunStream;

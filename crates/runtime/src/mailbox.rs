@@ -24,7 +24,7 @@ use rein_runtime_contract::event::CancelCause;
 use tokio::task::JoinHandle;
 
 use crate::active_runs::RunControl;
-use crate::run::{AgentRunResult, RunRequest};
+use crate::run::{AgentRunResult, RunExit, RunRequest};
 use crate::runtime::{Inner, RuntimeError, StartError};
 use crate::stream::RunStream;
 
@@ -195,9 +195,33 @@ impl RunHandle {
     ///
     /// Dropping the future does not cancel the run; the result is lost.
     pub async fn wait(self) -> Result<AgentRunResult, RuntimeError> {
-        self.task.await.map_err(|e| RuntimeError::RunTaskFailed {
+        let run_id = self.control.run_id.to_string();
+        match self.wait_or_parked().await? {
+            RunExit::Finished(result) => Ok(*result),
+            RunExit::Parked(_) => Err(RuntimeError::RunParked { run_id }),
+        }
+    }
+
+    /// Waits for the run to end or, for a run started with
+    /// [`RunRequest::release_when_parked`](crate::RunRequest::release_when_parked),
+    /// to park and let go of its task.
+    ///
+    /// # Errors
+    ///
+    /// As for [`wait`](Self::wait).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future does not cancel the run; the result (or the
+    /// parked run to carry on) is lost.
+    pub async fn wait_or_parked(self) -> Result<RunExit, RuntimeError> {
+        let result = self.task.await.map_err(|e| RuntimeError::RunTaskFailed {
             run_id: self.control.run_id.to_string(),
             message: e.to_string(),
+        })?;
+        Ok(match self.control.take_let_go() {
+            Some(parked) => RunExit::Parked(parked),
+            None => RunExit::Finished(Box::new(result)),
         })
     }
 }

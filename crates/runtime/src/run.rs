@@ -30,6 +30,8 @@ pub struct RunRequest {
     pub(crate) root_run_id: Option<Arc<str>>,
     /// A parked run to carry on instead of a new one.
     pub(crate) resume: Option<Box<crate::approvals::ParkedRun>>,
+    /// Whether the run lets go of its task when it parks.
+    pub(crate) release_when_parked: bool,
 }
 
 impl std::fmt::Debug for RunRequest {
@@ -66,6 +68,7 @@ impl RunRequest {
             parent_pool: None,
             root_run_id: None,
             resume: None,
+            release_when_parked: false,
         }
     }
 
@@ -80,6 +83,25 @@ impl RunRequest {
             .with_agent_id(parked.agent_id.clone());
         request.resume = Some(Box::new(parked));
         request
+    }
+
+    /// Lets the run go when it parks for approvals: instead of waiting in
+    /// its task (and thread slot) for the decisions, it stores the parked
+    /// round, emits `approval_requested` and `run_parked` as usual, and
+    /// ends its task; [`RunHandle::wait_or_parked`](crate::RunHandle::wait_or_parked)
+    /// then answers [`RunExit::Parked`] with the [`ParkedRun`](crate::approvals::ParkedRun)
+    /// to carry on later through [`RunRequest::resume`] — in this process
+    /// or another, with the decisions taken meanwhile. This is how a
+    /// service parks a run at no cost: no task, no slot, nothing in
+    /// memory beyond what it keeps itself.
+    ///
+    /// A carried-on run that is still waiting lets go again (unless it is
+    /// cancelled, or a timeout is due). A sub-agent's run never lets go:
+    /// its parent's call waits for it. Without this (the default) the run
+    /// waits in its task and its future completes after the decisions.
+    pub fn release_when_parked(mut self) -> Self {
+        self.release_when_parked = true;
+        self
     }
 
     /// The id the run gets, instead of one the runtime makes (e.g. a
@@ -195,6 +217,19 @@ pub struct AgentRunResult {
     /// whether the thread can be resumed without checking anything, and a
     /// hint.
     pub report: StopReport,
+}
+
+/// How a run started with [`RunRequest::release_when_parked`] left its
+/// task ([`RunHandle::wait_or_parked`](crate::RunHandle::wait_or_parked)).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RunExit {
+    /// The run ended.
+    Finished(Box<AgentRunResult>),
+    /// The run parked and let go of its task; carry it on with
+    /// [`RunRequest::resume`] once its calls are decided (or to end it:
+    /// a carried-on run that is cancelled ends as a parked run does).
+    Parked(Box<crate::approvals::ParkedRun>),
 }
 
 impl AgentRunResult {

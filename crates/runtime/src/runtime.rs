@@ -113,6 +113,16 @@ pub enum RuntimeError {
     /// The runtime was shut down.
     #[error("the runtime has been shut down; no new runs start")]
     ShutDown,
+    /// The run parked and let go of its task (it was started with
+    /// `RunRequest::release_when_parked`): it has no result yet. Await it
+    /// with `RunHandle::wait_or_parked` to get the parked run.
+    #[error(
+        "run \"{run_id}\" parked for approvals and let go of its task; await it with RunHandle::wait_or_parked and carry it on with RunRequest::resume"
+    )]
+    RunParked {
+        /// The run.
+        run_id: String,
+    },
     /// The request's messages would make the thread's history invalid (a
     /// tool result that answers no call, or a second result for one call).
     /// Nothing was stored and no run was interrupted.
@@ -374,6 +384,8 @@ impl Inner {
             timeout,
             parent_pool,
             resume,
+            release_when_parked,
+            root_run_id,
             ..
         } = request;
         let sink = event_sink
@@ -393,6 +405,8 @@ impl Inner {
             parent_pool,
             trace_content: self.config.trace_content,
             resume,
+            // A sub-agent's parent waits on its call: it never lets go.
+            release_when_parked: release_when_parked && root_run_id.is_none(),
         };
         let span = telemetry::run_span(&setup.agent.spec.id, &thread_id, &run_id);
         let task_run_id = run_id.clone();
@@ -412,6 +426,10 @@ impl Inner {
                         internal_failure(&task_control, &thread_id, &*sink, payload.as_ref())
                     }
                 };
+                // A run that let go while parked has not ended.
+                if task_control.has_let_go() {
+                    return result;
+                }
                 // The task runs in the run's span (no second handle kept).
                 telemetry::record_run_end(&tracing::Span::current(), &result.termination);
                 // Before the slot is released, so the thread's next run
@@ -791,6 +809,37 @@ impl AgentRuntime {
         let control = self.inner.registry.by_run(run_id).ok_or_else(unknown)?;
         let parked = control.parked.get().ok_or_else(unknown)?;
         parked.decide(run_id, call_id, decision)
+    }
+
+    /// Decides the pending call `call_id` of `parked` — a run that let go
+    /// of its task ([`RunRequest::release_when_parked`]) — with the same
+    /// checks as [`decide`](Self::decide), recording it in
+    /// `parked.decisions`. Carry the run on ([`RunRequest::resume`]) once
+    /// [`ParkedRun::is_decided`](crate::approvals::ParkedRun::is_decided).
+    ///
+    /// # Errors
+    ///
+    /// As for [`decide`](Self::decide); `UnknownApproval` when `parked`
+    /// does not wait on `call_id`.
+    pub fn decide_parked(
+        &self,
+        parked: &mut crate::approvals::ParkedRun,
+        call_id: &str,
+        decision: Decision,
+    ) -> Result<Decided, ApprovalError> {
+        let tools = self
+            .inner
+            .agents
+            .get(&parked.agent_id)
+            .map(|a| a.descriptors.clone())
+            .unwrap_or_default();
+        parked.decide(call_id, decision, |tool| {
+            tools
+                .iter()
+                .find(|t| t.name == tool)
+                .map(|t| t.parameters.clone())
+                .unwrap_or_default()
+        })
     }
 
     /// # Errors

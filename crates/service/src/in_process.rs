@@ -18,12 +18,20 @@
 //! **Invariant:** every accepted run ends with a result and a
 //! `run_finished` event in its record — also a queued run that is
 //! cancelled, or refused when its turn comes (e.g. at shutdown).
+//!
+//! **Invariant:** a run parked for approvals holds no task: it lets go
+//! ([`RunRequest::release_when_parked`]) and stays the lane's active run
+//! as a [`ParkedRun`] in the lane. Whatever ends the wait — the last
+//! decision, a timeout due, a cancel, new input, deleting the thread,
+//! shutdown — carries it on through the mailbox (under the lane's
+//! submission lock), where the engine ends or continues it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use rein_runtime::{AgentRunResult, RunHandle, RunRequest};
+use rein_runtime::approvals::ParkedRun;
+use rein_runtime::{AgentRunResult, RunExit, RunHandle, RunRequest};
 use rein_runtime_contract::event::CancelCause;
 use rein_runtime_contract::lifecycle::TerminationReason;
 
@@ -35,6 +43,13 @@ use crate::error::ServiceError;
 use crate::mode::Mode;
 use crate::records::{RunEntry, RunStatus};
 use crate::submission::{Strategy, Submission, Submitted};
+
+/// How often the parked runs' rule timeouts are looked at.
+const PARKED_TIMEOUTS: Duration = Duration::from_millis(500);
+/// How long a decision on a run that just parked waits for its driver to
+/// hand the parked run to the lane, and how often it looks.
+const HAND_OVER: Duration = Duration::from_secs(2);
+const HAND_OVER_POLL: Duration = Duration::from_millis(2);
 
 /// The in-process mode.
 #[derive(Debug)]
@@ -62,6 +77,8 @@ struct LaneState {
     /// Client message ids the thread has seen (AG-UI). Kept while the
     /// thread is, so a lane with some is never tidied away.
     message_ids: HashSet<String>,
+    /// The active run, when it is parked and let go of its task.
+    parked: Option<ParkedRun>,
 }
 
 #[derive(Debug)]
@@ -91,7 +108,127 @@ impl InProcess {
             let dropped = mode.core.records.sweep();
             mode.forget_keys(dropped);
         });
+        core.every(
+            PARKED_TIMEOUTS,
+            Arc::downgrade(&mode),
+            |mode: Arc<Self>| async move { mode.carry_on_due().await },
+        );
         mode
+    }
+
+    /// Carries on the parked runs a rule's timeout is due for.
+    async fn carry_on_due(&self) {
+        let now = std::time::SystemTime::now();
+        let due: Vec<Arc<Lane>> = self
+            .lanes()
+            .values()
+            .filter(|lane| {
+                lane.state().parked.as_ref().is_some_and(|p| {
+                    p.undecided().any(|call| {
+                        call.expires_at
+                            .as_deref()
+                            .and_then(rein_runtime_contract::approval::parse_rfc3339)
+                            .is_some_and(|at| at <= now)
+                    })
+                })
+            })
+            .cloned()
+            .collect();
+        for lane in due {
+            let _serial = lane.submit.lock().await;
+            self.carry_on(&lane, true).await;
+        }
+    }
+
+    /// Carries the lane's parked run on (if it has one) through the
+    /// mailbox; with `release`, it lets go again if it is still waiting.
+    /// The caller holds the lane's submission lock.
+    async fn carry_on(&self, lane: &Arc<Lane>, release: bool) {
+        let Some(parked) = lane.state().parked.take() else {
+            return;
+        };
+        let Some(entry) = self.core.records.get(&parked.run_id) else {
+            lane.state().active = None;
+            return;
+        };
+        let mut request = RunRequest::resume(parked)
+            .with_cancellation(entry.cancellation().clone())
+            .with_event_sink(self.core.records.sink(&entry));
+        if release {
+            request = request.release_when_parked();
+        }
+        match self.core.runtime.mailbox().submit(request).await {
+            Ok(handle) => self.drive(lane.clone(), entry, handle),
+            Err(e) => {
+                let reason = TerminationReason::Error(format!(
+                    "the parked run could not be carried on: {e}"
+                ));
+                self.finish_unstarted(&entry, reason, None);
+                let mut state = lane.state();
+                if state.active.as_deref() == Some(entry.run_id.as_str()) {
+                    state.active = None;
+                }
+            }
+        }
+    }
+
+    /// Ends the lane's parked run, if it has one: cancelled (its token)
+    /// and carried on, so the engine records its calls `not_started`.
+    /// The caller holds the lane's submission lock.
+    async fn end_parked(&self, lane: &Arc<Lane>) {
+        let run_id = lane.state().parked.as_ref().map(|p| p.run_id.clone());
+        if let Some(entry) = run_id.and_then(|id| self.core.records.get(&id)) {
+            self.core.cancel_entry(&entry);
+            self.carry_on(lane, false).await;
+        }
+    }
+
+    /// Decides a call of a run that let go of its task: waits (bounded)
+    /// for its driver to hand the parked run to the lane, records the
+    /// decision there, and carries the run on when it was the last.
+    /// `None`: the run is not parked so.
+    async fn decide_let_go(
+        &self,
+        entry: &RunEntry,
+        call_id: &str,
+        decision: &Decision,
+    ) -> Option<Result<Decided, ServiceError>> {
+        let lane = self.lane(&entry.thread_id);
+        let mut waited = Duration::ZERO;
+        loop {
+            {
+                let _serial = lane.submit.lock().await;
+                let decided = {
+                    let mut state = lane.state();
+                    let parked = state.parked.as_mut().filter(|p| p.run_id == entry.run_id);
+                    parked.map(|p| {
+                        let decided = self
+                            .core
+                            .runtime
+                            .decide_parked(p, call_id, decision.clone());
+                        (decided, p.is_decided())
+                    })
+                };
+                if let Some((decided, complete)) = decided {
+                    if decided.is_ok() && complete {
+                        self.carry_on(&lane, false).await;
+                    }
+                    return Some(decided.map_err(ServiceError::from));
+                }
+            }
+            // Parked a moment ago: its driver has not handed it over yet.
+            let pending = entry.status() == RunStatus::AwaitingApproval
+                && entry
+                    .record()
+                    .pending_approvals
+                    .iter()
+                    .any(|p| p.call_id == call_id);
+            if !pending || waited >= HAND_OVER {
+                return None;
+            }
+            tokio::time::sleep(HAND_OVER_POLL).await;
+            waited += HAND_OVER_POLL;
+        }
     }
 
     fn lanes(&self) -> MutexGuard<'_, HashMap<String, Arc<Lane>>> {
@@ -191,13 +328,17 @@ impl InProcess {
         let request = request
             .with_run_id(&run_id)
             .with_cancellation(entry.cancellation().clone())
-            .with_event_sink(core.records.sink(&entry));
+            .with_event_sink(core.records.sink(&entry))
+            .release_when_parked();
         if status == RunStatus::Queued {
             lane.state().queue.push_back(Queued {
                 entry: entry.clone(),
                 request,
             });
         } else {
+            // A parked run that new input supersedes ends first (the
+            // mailbox interrupts it once it is carried on).
+            self.carry_on(lane, false).await;
             match core.runtime.mailbox().submit(request).await {
                 Ok(handle) => {
                     lane.state().active = Some(run_id.clone());
@@ -224,13 +365,27 @@ impl InProcess {
             return;
         };
         self.drivers.spawn(async move {
-            let result = handle.wait().await.unwrap_or_else(|e| {
-                AgentRunResult::new(
+            let result = match handle.wait_or_parked().await {
+                Ok(RunExit::Finished(result)) => *result,
+                Ok(RunExit::Parked(parked)) => {
+                    // Parked: the lane keeps it (its active run) until
+                    // something carries it on.
+                    lane.state().parked = Some(*parked);
+                    return;
+                }
+                Ok(other) => AgentRunResult::new(
+                    &entry.run_id,
+                    &entry.thread_id,
+                    TerminationReason::Error(format!(
+                        "the run's task ended unexpectedly: {other:?}"
+                    )),
+                ),
+                Err(e) => AgentRunResult::new(
                     &entry.run_id,
                     &entry.thread_id,
                     TerminationReason::Error(e.to_string()),
-                )
-            });
+                ),
+            };
             let dropped = mode.core.records.finish(&entry, result);
             mode.forget_keys(dropped);
             let serial = lane.submit.lock().await;
@@ -362,7 +517,20 @@ impl Mode for InProcess {
             ),
             // Running, or about to start: its token ends it either way (a
             // sub-agent's run: the runtime's token of that run alone).
-            None => self.core.cancel_entry(&entry),
+            // Parked without a task: carried on to end.
+            None => {
+                self.core.cancel_entry(&entry);
+                let lane = self.lane(&entry.thread_id);
+                let _serial = lane.submit.lock().await;
+                let parked = lane
+                    .state()
+                    .parked
+                    .as_ref()
+                    .is_some_and(|p| p.run_id == run_id);
+                if parked {
+                    self.carry_on(&lane, false).await;
+                }
+            }
         }
         self.tidy(&entry.thread_id);
         Ok(true)
@@ -391,13 +559,17 @@ impl Mode for InProcess {
             Err(ApprovalError::UnknownApproval { .. }) => {}
             Err(e) => return Err(e.into()),
         }
-        // Not pending (any more): a repeat of the logged decision, or not.
         let entry = self.core.records.get(run_id).ok_or_else(|| {
             ServiceError::from(ApprovalError::UnknownApproval {
                 run_id: run_id.to_owned(),
                 call_id: call_id.to_owned(),
             })
         })?;
+        // Parked without a task: decided in its lane.
+        if let Some(decided) = self.decide_let_go(&entry, call_id, &decision).await {
+            return decided;
+        }
+        // Not pending (any more): a repeat of the logged decision, or not.
         Core::decided_before(&entry, call_id, &decision)
     }
 
@@ -406,11 +578,23 @@ impl Mode for InProcess {
         thread_id: Option<&str>,
     ) -> Result<Vec<PendingApproval>, ServiceError> {
         let mut pending = self.core.runtime.pending_approvals(None);
+        for lane in self.lanes().values() {
+            if let Some(parked) = &lane.state().parked {
+                pending.extend(parked.undecided().cloned());
+            }
+        }
         pending.retain(|p| Core::on_thread(p, thread_id));
+        pending.sort_by(|a, b| (&a.run_id, &a.call_id).cmp(&(&b.run_id, &b.call_id)));
         Ok(pending)
     }
 
     async fn cancel_thread(&self, thread_id: &str) -> (bool, bool) {
+        let lane = self.lane(thread_id);
+        {
+            let _serial = lane.submit.lock().await;
+            self.end_parked(&lane).await;
+        }
+        drop(lane);
         let runtime = &self.core.runtime;
         if !runtime.is_thread_active(thread_id) {
             return (false, true);
@@ -423,6 +607,7 @@ impl Mode for InProcess {
         let lane = self.lane(thread_id);
         let serial = lane.submit.lock().await;
         self.drain_queue(&lane, CancelCause::Requested);
+        self.end_parked(&lane).await;
         let outcome = self.core.runtime.delete_thread(thread_id).await;
         if outcome.is_ok() {
             let mut state = lane.state();
@@ -454,6 +639,9 @@ impl Mode for InProcess {
         let lanes: Vec<Arc<Lane>> = self.lanes().values().cloned().collect();
         for lane in lanes {
             self.drain_queue(&lane, CancelCause::Shutdown);
+            // Carried on, so the shutdown below ends it.
+            let _serial = lane.submit.lock().await;
+            self.carry_on(&lane, false).await;
         }
         self.core.runtime.shutdown().await;
         // The runs have ended: their records are written next.

@@ -352,6 +352,12 @@ impl RunEntry {
         self.state().events.len() as u64
     }
 
+    /// No longer run here (it parked and let go of its task).
+    pub(crate) fn clear_driven_here(&self) {
+        self.driven_here
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
     pub(crate) fn set_driven_here(&self) {
         self.driven_here
             .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -557,6 +563,20 @@ impl Records {
     /// Drops an entry whose run never started (its submission failed).
     pub(crate) fn discard(&self, run_id: &str) {
         self.inner().runs.remove(run_id);
+    }
+
+    /// Drops `entry` from the kept runs (it is read from the database
+    /// from now on); `true` if someone else still holds it (a reader).
+    pub(crate) fn forget(&self, entry: &Arc<RunEntry>) -> bool {
+        let mut inner = self.inner();
+        if inner
+            .runs
+            .get(&entry.run_id)
+            .is_some_and(|kept| Arc::ptr_eq(kept, entry))
+        {
+            inner.runs.remove(&entry.run_id);
+        }
+        Arc::strong_count(entry) > 1
     }
 
     /// The entry of a run, if it is kept.

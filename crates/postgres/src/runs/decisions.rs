@@ -85,7 +85,9 @@ impl PgRuns {
 
     /// Marks a run's decisions applied (fenced by its thread's lease):
     /// from now on its decided calls may run here, so no other process
-    /// carries the run on. `false` when the fence refused it.
+    /// carries the run on. `false` when the fence refused it, or the run
+    /// is parked with no process holding it (take it first:
+    /// [`take_parked`](Self::take_parked)).
     ///
     /// # Errors
     ///
@@ -104,12 +106,16 @@ impl PgRuns {
             return Ok(false);
         };
         let marked: i64 = sqlx::query_scalar(fenced!(
-            "up AS (
+            "parked AS (
+                 SELECT 1 FROM rein_runs WHERE run_id = $4 AND parked_calls IS NOT NULL
+             ),
+             up AS (
                  UPDATE rein_decisions SET applied = true
-                 WHERE run_id = $4 AND EXISTS (SELECT 1 FROM fence)
+                 WHERE run_id = $4 AND EXISTS (SELECT 1 FROM fence) AND NOT EXISTS (SELECT 1 FROM parked)
                  RETURNING 1
              )
-             SELECT (SELECT count(*) FROM fence) + 0 * (SELECT count(*) FROM up)"
+             SELECT CASE WHEN EXISTS (SELECT 1 FROM parked) THEN 0
+                         ELSE (SELECT count(*) FROM fence) + 0 * (SELECT count(*) FROM up) END"
         ))
         .bind(thread_id)
         .bind(fence)

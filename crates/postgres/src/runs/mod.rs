@@ -25,6 +25,40 @@ use sqlx::postgres::PgPool;
 
 use crate::Leases;
 
+/// SQL: run `$r` (an alias of `rein_runs`) is **waiting** — parked with
+/// no process holding it ([`PgRuns::release_parked`]) and nothing yet
+/// making it due: not every call decided, its soonest rule timeout not
+/// passed, no cancel request, no `interrupt` submission queued behind it.
+/// Nobody takes its thread for it.
+macro_rules! waiting {
+    ($r:literal) => {
+        concat!(
+            "(",
+            $r,
+            ".status = 'running' AND ",
+            $r,
+            ".parked_calls IS NOT NULL
+              AND NOT ",
+            $r,
+            ".cancel_requested
+              AND (",
+            $r,
+            ".parked_wake_at IS NULL OR ",
+            $r,
+            ".parked_wake_at > now())
+              AND (SELECT count(*) FROM rein_decisions d WHERE d.run_id = ",
+            $r,
+            ".run_id) < ",
+            $r,
+            ".parked_calls
+              AND NOT EXISTS (SELECT 1 FROM rein_runs q WHERE q.thread_id = ",
+            $r,
+            ".thread_id
+                              AND q.status = 'queued' AND q.interrupt))"
+        )
+    };
+}
+
 mod orphans;
 mod submit;
 
@@ -32,6 +66,7 @@ use crate::inbox::Inbox;
 pub(crate) use decisions::parked_call_ids;
 pub use decisions::{RecordedDecision, StoredPark};
 pub use orphans::ORPHAN_GRACE;
+pub use parked::ParkedWake;
 
 /// A submission to write.
 #[derive(Debug, Clone)]
@@ -153,8 +188,9 @@ macro_rules! fenced_events {
     };
 }
 
-// After the macros, which it uses.
+// After the macros, which they use.
 mod decisions;
+mod parked;
 
 impl PgRuns {
     /// The runs, written as `leases`' owner.
@@ -205,6 +241,9 @@ impl PgRuns {
                  SELECT run_id FROM rein_runs
                  WHERE thread_id = $1 AND status = 'queued' AND ($4 = false OR interrupt)
                    AND EXISTS (SELECT 1 FROM fence)
+                   AND ($4 OR NOT EXISTS (SELECT 1 FROM rein_runs p
+                                          WHERE p.thread_id = $1 AND p.status = 'running'
+                                            AND p.parked_calls IS NOT NULL))
                  ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED
              )
              UPDATE rein_runs AS r SET status = 'running', started_at = now(), worker = $3
@@ -636,7 +675,9 @@ impl PgRuns {
         .await
     }
 
-    /// Whether the thread has a queued or running run.
+    /// Whether the thread has a queued or running run to work on: none
+    /// while a parked run no process holds is waiting (see the `waiting`
+    /// SQL predicate) — its queued runs wait behind it.
     ///
     /// # Errors
     ///
@@ -646,9 +687,12 @@ impl PgRuns {
     ///
     /// Read-only: dropping it loses nothing.
     pub async fn has_open(&self, thread_id: &str) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM rein_runs WHERE thread_id = $1 AND status <> 'finished')",
-        )
+        sqlx::query_scalar(concat!(
+            "SELECT EXISTS (SELECT 1 FROM rein_runs WHERE thread_id = $1 AND status <> 'finished')
+               AND NOT EXISTS (SELECT 1 FROM rein_runs w WHERE w.thread_id = $1 AND ",
+            waiting!("w"),
+            ")"
+        ))
         .bind(thread_id)
         .fetch_one(&self.pool)
         .await

@@ -14,7 +14,8 @@ pub const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 impl PgRuns {
     /// Threads with queued or running runs that no live process owns (their
     /// owner released them, or its lease expired): work to take, at most
-    /// 256 a scan.
+    /// 256 a scan. A thread whose parked run is waiting (nothing has made
+    /// it due) is not work.
     ///
     /// A thread whose oldest open run is younger than [`ORPHAN_GRACE`] is
     /// left to the process that submitted it, which takes the thread
@@ -71,6 +72,10 @@ impl PgRuns {
                     "
                        AND COALESCE((SELECT (t.owner IS NULL OR t.lease_until < now()) IS TRUE
                                      FROM rein_threads t WHERE t.thread_id = o.thread_id), true)
+                       AND NOT EXISTS (SELECT 1 FROM rein_runs w
+                                       WHERE w.thread_id = o.thread_id AND ",
+                    waiting!("w"),
+                    ")
                        AND (SELECT r.created_at FROM rein_runs r
                             WHERE r.thread_id = o.thread_id AND r.status <> 'finished'
                             ORDER BY r.seq LIMIT 1) < now() - make_interval(secs => $1)

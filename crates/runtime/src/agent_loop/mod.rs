@@ -95,6 +95,8 @@ pub(crate) struct RunSetup {
     pub(crate) trace_content: bool,
     /// A parked run to carry on instead of starting one.
     pub(crate) resume: Option<Box<crate::approvals::ParkedRun>>,
+    /// Whether the run lets go of its task when it parks.
+    pub(crate) release_when_parked: bool,
 }
 
 /// Runs one run to its end and reports it. Never panics on misbehaving
@@ -114,6 +116,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         parent_pool,
         trace_content,
         resume,
+        release_when_parked,
     } = setup;
     let mut request = InferenceRequest::new(agent.model.upstream_model.clone(), Vec::new());
     if !agent.spec.system_prompt.is_empty() {
@@ -196,6 +199,8 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         watchdog,
         parked_pending: Vec::new(),
         parked_round: None,
+        release_when_parked,
+        let_go: None,
         escalations: 0,
         children: Vec::new(),
         state,
@@ -230,6 +235,19 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
     // Work has stopped; a deadline passing now must not turn the reason
     // into a cancellation.
     run.watchdog = DeadlineWatchdog(None);
+    if let Some(parked) = run.let_go.take() {
+        // Parked and let go: the parked round is stored and announced;
+        // whoever carries the run on finishes it.
+        if let Some(context) = run.context.take() {
+            context.save(&run.request.messages);
+        }
+        tracing::debug!(
+            calls = parked.pending.len(),
+            "run parked and let go of its task"
+        );
+        run.control.let_go(parked);
+        return AgentRunResult::new(run.id.run_id, run.id.thread_id, reason);
+    }
     Box::pin(run.finish(reason)).await
 }
 
@@ -280,6 +298,10 @@ struct Run {
     /// While parked: where the parked round's assistant message is in the
     /// history (stored already, its held calls still unanswered).
     parked_round: Option<usize>,
+    /// Whether the run lets go of its task when it parks.
+    release_when_parked: bool,
+    /// Set when it did: the parked run to carry on.
+    let_go: Option<crate::approvals::ParkedRun>,
     /// Escalations so far (their pending ids are `escalation-<n>`).
     escalations: u32,
     /// The sub-agent runs that ended, in order.

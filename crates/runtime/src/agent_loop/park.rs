@@ -38,7 +38,40 @@ impl Run {
         let parked = self.parked_state();
         parked.hold(held.iter().map(|(_, h)| h.clone()).collect());
         self.announce_park(&held).await?;
+        if let Some(reason) = self.try_let_go(&parked) {
+            return Err(reason);
+        }
         self.wait_and_run(calls, held, &parked).await
+    }
+
+    /// Lets go of the run's task if it was asked to and may: not when it
+    /// is cancelled, a timeout is due, or every call is decided already
+    /// (it goes on here then). `Some` ends the loop; `execute` hands the
+    /// parked run over instead of finishing.
+    fn try_let_go(&mut self, parked: &Parked) -> Option<TerminationReason> {
+        if !self.release_when_parked || self.control.token.is_cancelled() {
+            return None;
+        }
+        if parked
+            .next_deadline()
+            .is_some_and(|at| at <= Instant::now())
+        {
+            return None;
+        }
+        let decisions = parked.let_go()?;
+        let pending = parked.all().into_iter().map(|h| h.pending).collect();
+        let mut run = ParkedRun::new(
+            self.id.run_id.clone(),
+            self.id.thread_id.clone(),
+            self.id.agent_id.clone(),
+            pending,
+        );
+        run.decisions = decisions;
+        run.steps = self.steps;
+        run.usage = self.usage;
+        run.active = self.started.elapsed();
+        self.let_go = Some(run);
+        Some(TerminationReason::NaturalEnd)
     }
 
     /// Carries on a run parked elsewhere ([`ParkedRun`]): its thread's
@@ -61,20 +94,33 @@ impl Run {
         let cannot = |why: String| {
             TerminationReason::Error(format!("the parked run could not be carried on: {why}"))
         };
-        let at = self
-            .request
-            .messages
-            .iter()
-            .rposition(|m| !m.tool_calls.is_empty())
-            .ok_or_else(|| cannot("its thread has no round with tool calls".into()))?;
         if let Some(p) = resumed
             .pending
             .iter()
             .find(|p| p.kind == PendingKind::Escalation)
             .cloned()
         {
-            return self.resume_escalation(p, resumed.decisions).await;
+            return match self.resume_escalation(p, resumed.decisions).await? {
+                Some(message) => {
+                    self.directives.user_messages.push(message);
+                    Ok(())
+                }
+                // Nothing to tell the model after a final answer: it stands.
+                None if self.answered() => {
+                    if let Some(last) = self.request.messages.last() {
+                        self.response = last.content.clone();
+                    }
+                    Err(TerminationReason::NaturalEnd)
+                }
+                None => Ok(()),
+            };
         }
+        let at = self
+            .request
+            .messages
+            .iter()
+            .rposition(|m| !m.tool_calls.is_empty())
+            .ok_or_else(|| cannot("its thread has no round with tool calls".into()))?;
         let calls = self.request.messages[at].tool_calls.clone();
         let mut held = Vec::with_capacity(resumed.pending.len());
         for p in resumed.pending {
@@ -103,15 +149,21 @@ impl Run {
             }
         }
         self.parked_round = Some(at);
+        // Still waiting: let go again (a timeout due or a cancel is
+        // handled here first).
+        if let Some(reason) = self.try_let_go(&parked) {
+            return Err(reason);
+        }
         self.wait_and_run(&calls, held, &parked).await
     }
 
-    /// Carries on a run parked on an escalation.
+    /// Carries on a run parked on an escalation: the message the model is
+    /// to see, if any.
     async fn resume_escalation(
         &mut self,
         pending: PendingApproval,
         decisions: Vec<(String, Decision)>,
-    ) -> Result<(), TerminationReason> {
+    ) -> Result<Option<String>, TerminationReason> {
         let parked = self.parked_state();
         let reason = StoppedReason::new(
             pending.tool.clone(),
@@ -123,10 +175,10 @@ impl Run {
         for (id, decision) in decisions.into_iter().filter(|(id, _)| *id == call_id) {
             let _ = parked.decide(&self.id.run_id, &id, decision);
         }
-        if let Some(message) = self.answer_escalation(&parked, reason).await? {
-            self.directives.user_messages.push(message);
+        if let Some(ending) = self.try_let_go(&parked) {
+            return Err(ending);
         }
-        Ok(())
+        self.answer_escalation(&parked, reason).await
     }
 
     /// Announces the park: the round so far stored, `approval_requested`
@@ -228,6 +280,9 @@ impl Run {
         self.announce_park(std::slice::from_ref(&(0, held))).await?;
         // No call of a round waits: nothing to repair if it ends here.
         self.parked_round = None;
+        if let Some(ending) = self.try_let_go(&parked) {
+            return Err(ending);
+        }
         self.answer_escalation(&parked, reason).await
     }
 
@@ -272,6 +327,11 @@ impl Run {
     /// while parked (the reason).
     async fn wait_decisions(&self, parked: &Parked) -> Option<TerminationReason> {
         loop {
+            // A run carried on to be ended (cancelled, interrupted) ends
+            // even if its decisions came in meanwhile.
+            if self.control.token.is_cancelled() {
+                return Some(self.cancelled_reason());
+            }
             if parked.complete() {
                 return None;
             }

@@ -258,6 +258,53 @@ impl ParkedRun {
     }
 }
 
+impl ParkedRun {
+    /// Whether every call it waits on has a decision.
+    pub fn is_decided(&self) -> bool {
+        self.pending
+            .iter()
+            .all(|p| self.decisions.iter().any(|(c, _)| *c == p.call_id))
+    }
+
+    /// The calls still waiting for a decision.
+    pub fn undecided(&self) -> impl Iterator<Item = &PendingApproval> {
+        self.pending
+            .iter()
+            .filter(|p| !self.decisions.iter().any(|(c, _)| *c == p.call_id))
+    }
+
+    /// Records `decision` on `call_id` with [`Parked::decide`]'s checks
+    /// (`parameters`: a tool's parameter schema by name).
+    pub(crate) fn decide(
+        &mut self,
+        call_id: &str,
+        decision: Decision,
+        parameters: impl Fn(&str) -> serde_json::Value,
+    ) -> Result<Decided, ApprovalError> {
+        let check = Parked::default();
+        check.hold(
+            self.pending
+                .iter()
+                .map(|p| {
+                    let mut held = Held::escalation(p.clone());
+                    held.parameters = parameters(&p.tool);
+                    held.decision = self
+                        .decisions
+                        .iter()
+                        .find(|(c, _)| *c == p.call_id)
+                        .map(|(_, d)| d.clone());
+                    held
+                })
+                .collect(),
+        );
+        let decided = check.decide(&self.run_id, call_id, decision.clone())?;
+        if !decided.repeated {
+            self.decisions.push((call_id.to_owned(), decision));
+        }
+        Ok(decided)
+    }
+}
+
 /// Checks edited `arguments` against a tool's `parameters` schema (the
 /// check [`AgentRuntime::decide`](crate::AgentRuntime::decide) makes), for
 /// a process that records a decision for a run parked elsewhere.
@@ -276,6 +323,9 @@ pub fn check_arguments(
 #[derive(Debug, Default)]
 pub(crate) struct Parked {
     held: Mutex<Vec<Held>>,
+    /// Set (under `held`'s lock) when the run lets go of its task: no
+    /// decision reaches it here any more.
+    gone: std::sync::atomic::AtomicBool,
     /// Woken when a decision completes the set.
     pub(crate) decided: Notify,
 }
@@ -366,10 +416,31 @@ impl Parked {
         *self.held() = calls;
     }
 
+    /// Lets the run go of its task, unless every call is decided already
+    /// (`None`: the run goes on here). From then on no decision is taken
+    /// here (they are `UnknownApproval`, for whoever carries the run on);
+    /// returns the ones taken so far.
+    pub(crate) fn let_go(&self) -> Option<Vec<(String, Decision)>> {
+        let held = self.held();
+        if held.iter().all(|h| h.decision.is_some()) {
+            return None;
+        }
+        self.gone.store(true, std::sync::atomic::Ordering::SeqCst);
+        Some(
+            held.iter()
+                .filter(|h| !h.timed_out)
+                .filter_map(|h| Some((h.pending.call_id.clone(), h.decision.clone()?)))
+                .collect(),
+        )
+    }
+
     /// The calls still waiting for a decision.
     pub(crate) fn pending(&self) -> Vec<PendingApproval> {
-        self.held()
-            .iter()
+        let held = self.held();
+        if self.gone.load(std::sync::atomic::Ordering::SeqCst) {
+            return Vec::new();
+        }
+        held.iter()
             .filter(|h| h.decision.is_none())
             .map(|h| h.pending.clone())
             .collect()
@@ -403,7 +474,12 @@ impl Parked {
         decision: Decision,
     ) -> Result<Decided, ApprovalError> {
         let mut held = self.held();
-        let Some(entry) = held.iter_mut().find(|h| h.pending.call_id == call_id) else {
+        let gone = self.gone.load(std::sync::atomic::Ordering::SeqCst);
+        let Some(entry) = held
+            .iter_mut()
+            .find(|h| h.pending.call_id == call_id)
+            .filter(|_| !gone)
+        else {
             return Err(ApprovalError::UnknownApproval {
                 run_id: run_id.to_owned(),
                 call_id: call_id.to_owned(),

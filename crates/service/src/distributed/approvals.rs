@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rein_postgres::StoredEvent;
+use rein_postgres::{StoredEvent, WRITE_RETRY, retry};
 use rein_runtime::RunRequest;
 use rein_runtime::approvals::{ApprovalError, Decided, ParkedRun, check_arguments};
 use rein_runtime_contract::approval::{Decision, PendingApproval, PendingKind};
@@ -109,6 +109,14 @@ impl Distributed {
         }
         if entry.driven_here() {
             self.apply_decisions(&entry).await;
+        } else if self
+            .stored_pending(Some(&entry.thread_id))
+            .await
+            .is_ok_and(|left| !left.iter().any(|p| p.run_id == run_id))
+        {
+            // The last decision of a run parked with no process holding
+            // it: taking its thread carries it on (wherever it was parked).
+            self.kick(&entry.thread_id, false, true).await;
         }
         Ok(Decided::taken(call_id, &decision))
     }
@@ -324,6 +332,7 @@ impl Distributed {
         pump: &Arc<Pump>,
         parked: ParkedRun,
         events: Vec<StoredEvent>,
+        ending: bool,
     ) -> bool {
         let records = &self.core.records;
         let entry = records.get_or_create(
@@ -339,11 +348,19 @@ impl Distributed {
         }
         // Running, or awaiting approval if the stored events say so.
         entry.set_running();
+        if ending {
+            entry.cancellation().cancel();
+        }
+        // Taken back from the database's waiting runs (fenced).
+        let runs = self.db.runs();
+        if !matches!(
+            retry(WRITE_RETRY, || runs.take_parked(thread_id, &parked.run_id)).await,
+            Ok(true)
+        ) {
+            return false;
+        }
         // Decisions complete already: applied before the calls may run.
-        let complete = parked
-            .pending
-            .iter()
-            .all(|p| parked.decisions.iter().any(|(c, _)| *c == p.call_id));
+        let complete = parked.is_decided();
         if complete
             && !matches!(
                 self.db
@@ -355,9 +372,12 @@ impl Distributed {
         {
             return false;
         }
-        let request = RunRequest::resume(parked)
+        let mut request = RunRequest::resume(parked)
             .with_cancellation(entry.cancellation().clone())
             .with_event_sink(records.sink_with(&entry, Some(self.child_hook())));
+        if !ending {
+            request = request.release_when_parked();
+        }
         match self.core.runtime.mailbox().submit(request).await {
             Ok(handle) => {
                 tracing::warn!(

@@ -52,6 +52,12 @@ impl Distributed {
             }
         }
         match runs.request_cancel(run_id).await {
+            Ok(Some(status)) if status == "running" => {
+                // Parked with no process holding it: the cancel makes it
+                // due; taking its thread carries it on to end.
+                self.kick(&stored.thread_id, false, true).await;
+                Ok(true)
+            }
             Ok(Some(status)) => Ok(status != "finished"),
             Ok(None) => Err(ServiceError::unknown_run(run_id)),
             Err(e) => Err(unavailable(&e)),
@@ -73,6 +79,8 @@ impl Distributed {
         if open.is_empty() {
             return (false, true);
         }
+        // A parked run no process holds ends once its thread is taken.
+        self.kick(thread_id, false, true).await;
         let deadline = tokio::time::Instant::now() + self.core.cancel_wait();
         loop {
             // Woken by a run's `f:` notification; on a timeout (or missed

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rein_postgres::{Claimed, PgRuns, StoredEvent, WRITE_RETRY, retry};
-use rein_runtime::{AgentRunResult, RunHandle, RunRequest};
+use rein_runtime::{AgentRunResult, RunExit, RunHandle, RunRequest};
 use rein_runtime_contract::lifecycle::TerminationReason;
 use rein_runtime_contract::message::Message;
 use tokio::sync::Notify;
@@ -162,10 +162,18 @@ impl Distributed {
             {
                 continue; // running here: not lost
             }
-            // Parked, its calls never run: carried on here instead.
+            // Parked and let go, nothing has made it due: it waits.
+            let wake = runs.parked_wake(&run_id).await.ok().flatten();
+            if wake.is_some_and(|w| w.waiting) {
+                continue;
+            }
+            // Parked, its calls never run: carried on here instead — to
+            // let go again if it still waits, unless it is carried on to
+            // end (a cancel, or new input that supersedes it).
+            let ending = wake.is_some_and(|w| w.cancel_requested || w.interrupt_queued);
             if let Some((parked, events)) =
                 self.parked_to_carry_on(&run_id, thread_id, &agent_id).await
-                && self.carry_on(thread_id, pump, parked, events).await
+                && self.carry_on(thread_id, pump, parked, events, ending).await
             {
                 continue;
             }
@@ -274,7 +282,8 @@ impl Distributed {
                 let mut request = RunRequest::new(thread_id, messages)
                     .with_run_id(&claimed.run_id)
                     .with_cancellation(entry.cancellation().clone())
-                    .with_event_sink(records.sink_with(&entry, Some(self.child_hook())));
+                    .with_event_sink(records.sink_with(&entry, Some(self.child_hook())))
+                    .release_when_parked();
                 if !claimed.agent_id.is_empty() {
                     request = request.with_agent_id(&claimed.agent_id);
                 }
@@ -335,9 +344,23 @@ impl Distributed {
         self.drivers.spawn(async move {
             let runs = mode.db.runs().clone();
             let writer = Writer::start(&runs, &thread_id, &entry);
-            let result = handle.wait().await.unwrap_or_else(|e| {
-                AgentRunResult::new(&entry.run_id, &thread_id, TerminationReason::Error(e.to_string()))
-            });
+            let result = match handle.wait_or_parked().await {
+                Ok(RunExit::Finished(result)) => *result,
+                Ok(RunExit::Parked(parked)) => {
+                    mode.let_go(&thread_id, &pump, &entry, writer, &parked).await;
+                    return;
+                }
+                Ok(other) => AgentRunResult::new(
+                    &entry.run_id,
+                    &thread_id,
+                    TerminationReason::Error(format!("the run's task ended unexpectedly: {other:?}")),
+                ),
+                Err(e) => AgentRunResult::new(
+                    &entry.run_id,
+                    &thread_id,
+                    TerminationReason::Error(e.to_string()),
+                ),
+            };
             let kept = match writer.stop().await {
                 Written::Upto(written) => {
                     let mut record =
@@ -370,6 +393,70 @@ impl Distributed {
             pump.finished(&entry);
             pump.wake.notify_one();
         });
+    }
+
+    /// A run driven here parked and let go of its task: its events are
+    /// written, it is marked released (fenced) and its entry dropped, so
+    /// it costs this process nothing while it waits; the pump then gives
+    /// the thread up unless something already made the run due.
+    async fn let_go(
+        &self,
+        thread_id: &str,
+        pump: &Arc<Pump>,
+        entry: &Arc<RunEntry>,
+        writer: Writer,
+        parked: &rein_runtime::approvals::ParkedRun,
+    ) {
+        let runs = self.db.runs();
+        let released = match writer.stop().await {
+            Written::Upto(written) => {
+                let (rest, _) = entry.events_after(written);
+                let rest = stored(&rest);
+                let wake_at = parked
+                    .undecided()
+                    .filter_map(|p| p.expires_at.as_deref())
+                    .filter_map(rein_runtime_contract::approval::parse_rfc3339)
+                    .min();
+                let stored_all = rest.is_empty()
+                    || matches!(
+                        retry(WRITE_RETRY, || runs.append_events(
+                            thread_id,
+                            &entry.run_id,
+                            &rest
+                        ))
+                        .await,
+                        Ok(true)
+                    );
+                stored_all
+                    && matches!(
+                        retry(WRITE_RETRY, || {
+                            runs.release_parked(
+                                thread_id,
+                                &entry.run_id,
+                                parked.pending.len(),
+                                wake_at,
+                            )
+                        })
+                        .await,
+                        Ok(true)
+                    )
+            }
+            Written::Refused => false,
+        };
+        if !released {
+            tracing::warn!(
+                run_id = entry.run_id,
+                thread_id,
+                "a parked run could not be released: this process no longer holds the thread (its new owner carries it on)"
+            );
+        }
+        entry.clear_driven_here();
+        if self.core.records.forget(entry) {
+            // Someone here reads it: copy it from the database.
+            self.start_following(entry);
+        }
+        pump.finished(entry);
+        pump.wake.notify_one();
     }
 
     /// What keeps a sub-agent's run in the database: on the sink's call,

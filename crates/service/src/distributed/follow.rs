@@ -98,7 +98,7 @@ impl Distributed {
     }
 
     /// Starts copying the run into its entry, unless that is done already.
-    fn start_following(&self, entry: &Arc<RunEntry>) {
+    pub(super) fn start_following(&self, entry: &Arc<RunEntry>) {
         if entry.status() != RunStatus::Finished
             && entry.start_following()
             && let Some(mode) = self.arc()
