@@ -271,7 +271,7 @@ pub mod prelude {
     pub use rein_runtime::plugin::{Plugin, PluginRegistrar};
     pub use rein_runtime::tools::{TypedTool, tool_fn, typed};
     pub use rein_runtime::{
-        AgentRunResult, AgentRuntime, AgentRuntimeBuilder, BuildError, Mailbox, RunHandle,
+        AgentRunResult, AgentRuntime, AgentRuntimeBuilder, BuildError, Mailbox, RunExit, RunHandle,
         RunRequest, RunStream, RuntimeError, TerminalPrinter,
     };
     pub use rein_runtime_contract::CancellationToken;

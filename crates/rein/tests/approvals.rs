@@ -878,3 +878,140 @@ async fn an_escalation_answered_stop_or_take_over_ends_the_run_with_that_reason(
         assert_eq!(asked.load(Ordering::SeqCst), 1);
     }
 }
+
+#[tokio::test]
+async fn a_run_released_when_parked_holds_no_task_nor_slot_and_its_carried_on_run_runs_exactly_the_approved_call()
+ {
+    let ran = Ran::default();
+    let (model, asked) = counting_model(vec![
+        ScriptedResponse::tool_calls(vec![
+            ("search", json!({"q": "disk"})),
+            ("shell", json!({"cmd": "df -h"})),
+            ("fs__write_file", json!({"path": "/tmp/a", "text": "x"})),
+        ]),
+        ScriptedResponse::text("done"),
+    ]);
+    let rt = runtime(ops(), model, &ran);
+    let sink = Arc::new(CollectingSink::new());
+    let handle = rt
+        .mailbox()
+        .submit(
+            RunRequest::new("t", vec![Message::user("check the disk")])
+                .with_run_id("r1")
+                .with_event_sink(sink.clone())
+                .release_when_parked(),
+        )
+        .await
+        .unwrap();
+    let RunExit::Parked(parked) = handle.wait_or_parked().await.unwrap() else {
+        panic!("the run did not let go when it parked");
+    };
+    let mut parked = *parked;
+    // Nothing of it is left in the runtime: no slot, no pending entry.
+    assert!(!rt.is_thread_active("t"));
+    assert!(rt.pending_approvals(None).is_empty());
+    assert_eq!(parked.pending.len(), 2);
+    assert_eq!(parked.steps, 1);
+    assert!(!parked.is_decided());
+    assert_eq!(
+        kinds(&sink.events()).last(),
+        Some(&"run_parked"),
+        "no run_finished while parked"
+    );
+    assert_eq!(
+        ran.lock().unwrap().clone(),
+        vec![("search".to_owned(), json!({"q": "disk"}))]
+    );
+    // Decided outside any run: checked as the runtime checks a live one.
+    let shell = parked.pending[0].call_id.clone();
+    let write = parked.pending[1].call_id.clone();
+    assert!(matches!(
+        rt.decide_parked(&mut parked, &write, Decision::Continue { message: None }),
+        Err(ApprovalError::Invalid { .. })
+    ));
+    rt.decide_parked(&mut parked, &shell, Decision::Approve)
+        .unwrap();
+    assert!(
+        rt.decide_parked(&mut parked, &shell, Decision::Approve)
+            .unwrap()
+            .repeated
+    );
+    assert!(matches!(
+        rt.decide_parked(&mut parked, &shell, Decision::Reject { reason: None }),
+        Err(ApprovalError::AlreadyDecided { .. })
+    ));
+    // Carried on while a call still waits: it lets go again at once.
+    let again = rt
+        .mailbox()
+        .submit(RunRequest::resume(parked.clone()).release_when_parked())
+        .await
+        .unwrap();
+    let RunExit::Parked(still) = again.wait_or_parked().await.unwrap() else {
+        panic!("a carried-on run still waiting did not let go again");
+    };
+    assert_eq!(still.decisions.len(), 1);
+    assert_eq!(ran.lock().unwrap().len(), 1, "nothing ran meanwhile");
+    rt.decide_parked(
+        &mut parked,
+        &write,
+        Decision::Edit {
+            arguments: json!({"path": "/tmp/b", "text": "y"}),
+        },
+    )
+    .unwrap();
+    assert!(parked.is_decided());
+    let result = rt
+        .mailbox()
+        .submit(
+            RunRequest::resume(parked)
+                .with_event_sink(sink.clone())
+                .release_when_parked(),
+        )
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    assert_eq!(result.response, "done");
+    assert_eq!(asked.load(Ordering::SeqCst), 2, "no model request between");
+    assert_eq!(
+        ran.lock().unwrap().clone(),
+        vec![
+            ("search".to_owned(), json!({"q": "disk"})),
+            ("shell".to_owned(), json!({"cmd": "df -h"})),
+            (
+                "fs__write_file".to_owned(),
+                json!({"path": "/tmp/b", "text": "y"})
+            ),
+        ]
+    );
+    let k = kinds(&sink.events());
+    assert_eq!(k.iter().filter(|k| **k == "run_started").count(), 1);
+    assert_eq!(k.iter().filter(|k| **k == "run_finished").count(), 1);
+    let history = rt.thread_messages("t").await;
+    assert_eq!(history.iter().filter(|m| m.role == Role::Tool).count(), 3);
+}
+
+#[tokio::test]
+async fn waiting_on_a_run_that_let_go_says_so_instead_of_inventing_a_result() {
+    let ran = Ran::default();
+    let (model, _) = counting_model(vec![ScriptedResponse::tool_call(
+        "shell",
+        json!({"cmd": "ls"}),
+    )]);
+    let rt = runtime(ops(), model, &ran);
+    let handle = rt
+        .mailbox()
+        .submit(
+            RunRequest::new("t", vec![Message::user("list")])
+                .with_run_id("r1")
+                .release_when_parked(),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        handle.wait().await,
+        Err(RuntimeError::RunParked { run_id }) if run_id == "r1"
+    ));
+}

@@ -749,3 +749,168 @@ async fn a_run_parked_on_a_process_killed_with_sigkill_is_decided_on_another_and
     assert_valid(&Value::Array(history(&b, &t).await));
     let _ = std::fs::remove_file(&path);
 }
+
+/// A deployment whose agents park: `ops` on every `terminate` call (no
+/// timeout), `timed` with a 1 s timeout that stops the run, `quick` never.
+fn parking_config(name: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "rein-cluster-parking-{name}-{}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(
+        &path,
+        r#"
+providers:
+  ops:
+    kind: scripted
+    responses:
+      - { text: "Finishing.", tool_calls: [ { name: terminate, arguments: { status: success, message: done } } ] }
+  quick: { kind: scripted, responses: ["Done."] }
+models:
+  ops: { provider: ops, model: x }
+  quick: { provider: quick, model: q }
+agents:
+  - { id: ops, model_id: ops, plugin_ids: [terminate], approvals: [ { tool: terminate, action: ask } ] }
+  - id: timed
+    model_id: ops
+    plugin_ids: [terminate]
+    approvals: [ { tool: terminate, action: ask, timeout_seconds: 1, on_timeout: stop } ]
+  - { id: quick, model_id: quick }
+store: { postgres: { url_env: REIN_DATABASE_URL } }
+server: { lease_seconds: 2 }
+"#,
+    )
+    .unwrap();
+    path
+}
+
+/// Waits until no live process holds the thread's lease (it was given up,
+/// or it ran out) and the run is marked parked with no process holding
+/// it; panics after 10 s.
+async fn released(db: &sqlx::PgPool, t: &str, run_id: &str) {
+    for _ in 0..200 {
+        let free: bool = sqlx::query_scalar(
+            "SELECT COALESCE((SELECT owner IS NULL OR lease_until < now()
+                              FROM rein_threads WHERE thread_id = $1), true)
+                    AND (SELECT parked_calls IS NOT NULL FROM rein_runs WHERE run_id = $2)",
+        )
+        .bind(t)
+        .bind(run_id)
+        .fetch_one(db)
+        .await
+        .unwrap();
+        if free {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("run {run_id} kept its thread {t} held while parked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_run_holds_no_lease_survives_kill_9_of_every_process_and_any_process_carries_it_on()
+ {
+    let Some(url) = database() else { return };
+    let _alone = DATABASE.write().await;
+    let db = rein_postgres::connect(&url).await.unwrap();
+    let path = parking_config("all-killed");
+    let (a, b) = (Node::start(&path), Node::start(&path));
+    let t = thread("park-free");
+    let run = a.submit(&t, "ops", "finish", "interrupt").await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let call = parked_call(&a, &run_id).await;
+    // Parked: no process holds its thread, and none takes it for it.
+    released(&db, &t, &run_id).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    released(&db, &t, &run_id).await;
+    // Every process killed; a new one decides and carries the run on.
+    a.signal("-KILL");
+    b.signal("-KILL");
+    let c = Node::start(&path);
+    assert_eq!(parked_call(&c, &run_id).await, call);
+    let (status, body) = c
+        .post(
+            &format!("/v1/runs/{run_id}/approvals/{call}"),
+            json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let record = c.finished(&run_id, Duration::from_secs(20)).await;
+    assert_eq!(
+        record["termination"]["value"]["code"], "terminate",
+        "{record}"
+    );
+    let events = c.events(&run_id, None, Duration::from_secs(5)).await;
+    assert_eq!(started_calls(&events), 1, "the call ran once: {events:?}");
+    let starts = events.iter().filter(|(_, k, _)| k == "run_started").count();
+    assert_eq!(starts, 1, "one run, carried on: {events:?}");
+    assert_valid(&Value::Array(history(&c, &t).await));
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_run_no_process_holds_ends_on_its_timeout_a_cancel_or_new_input() {
+    let Some(url) = database() else { return };
+    let _alone = DATABASE.write().await;
+    let db = rein_postgres::connect(&url).await.unwrap();
+    let path = parking_config("due");
+    let (a, b) = (Node::start(&path), Node::start(&path));
+
+    // The rule's timeout passes with no process holding the run: the
+    // scan finds it due and a process ends it `approval_timeout`.
+    let t = thread("park-timeout");
+    let run = a.submit(&t, "timed", "finish", "interrupt").await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    parked_call(&a, &run_id).await;
+    released(&db, &t, &run_id).await;
+    let record = b.finished(&run_id, Duration::from_secs(20)).await;
+    assert_eq!(
+        record["termination"]["value"]["code"], "approval_timeout",
+        "{record}"
+    );
+    assert_valid(&Value::Array(history(&b, &t).await));
+
+    // A cancel on another process ends it, its call `not_started`.
+    let t = thread("park-cancel");
+    let run = a.submit(&t, "ops", "finish", "interrupt").await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let call = parked_call(&a, &run_id).await;
+    released(&db, &t, &run_id).await;
+    assert_eq!(
+        b.post(&format!("/v1/runs/{run_id}/cancel"), json!({}))
+            .await,
+        (200, json!({"cancelled": true}))
+    );
+    let record = a.finished(&run_id, Duration::from_secs(20)).await;
+    assert_eq!(record["termination"]["type"], "cancelled", "{record}");
+    assert_eq!(
+        record["report"]["pending_approvals"][0]["call_id"], call,
+        "{record}"
+    );
+    assert_valid(&Value::Array(history(&a, &t).await));
+
+    // New input (`interrupt`) supersedes it, then runs.
+    let t = thread("park-interrupt");
+    let run = a.submit(&t, "ops", "finish", "interrupt").await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    parked_call(&a, &run_id).await;
+    released(&db, &t, &run_id).await;
+    let next = b.submit(&t, "quick", "never mind", "interrupt").await;
+    let next_id = next["run_id"].as_str().unwrap().to_owned();
+    let record = b.finished(&run_id, Duration::from_secs(20)).await;
+    assert_eq!(record["termination"]["type"], "cancelled", "{record}");
+    assert_eq!(record["cancel_cause"]["type"], "interrupted", "{record}");
+    let record = b.finished(&next_id, Duration::from_secs(20)).await;
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    let history = history(&b, &t).await;
+    assert_valid(&Value::Array(history.clone()));
+    assert!(
+        history.iter().any(|m| m["content"]
+            == "not run: superseded by new input — not_started: the call never started"
+            || m["content"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("not run: superseded by new input"))),
+        "{history:?}"
+    );
+    let _ = std::fs::remove_file(&path);
+}

@@ -323,16 +323,20 @@ impl Distributed {
         Some((parked, events))
     }
 
-    /// Carries on, here, a run a lost process left parked: its entry takes
-    /// the stored events, the engine the park; the pump drives it.
-    /// `false` if it could not start (it is then ended as lost).
+    /// Carries on, here, a run a lost process left parked (or one released
+    /// while parked, now due): its entry takes the stored events, the
+    /// engine the park; the pump drives it. With `cancel` it is carried on
+    /// to end (a cancel request); with `release` it lets go again if it
+    /// still waits (not when new input is to supersede it). `false` if it
+    /// could not start (it is then ended as lost).
     pub(super) async fn carry_on(
         &self,
         thread_id: &str,
         pump: &Arc<Pump>,
         parked: ParkedRun,
         events: Vec<StoredEvent>,
-        ending: bool,
+        cancel: bool,
+        release: bool,
     ) -> bool {
         let records = &self.core.records;
         let entry = records.get_or_create(
@@ -348,7 +352,7 @@ impl Distributed {
         }
         // Running, or awaiting approval if the stored events say so.
         entry.set_running();
-        if ending {
+        if cancel {
             entry.cancellation().cancel();
         }
         // Taken back from the database's waiting runs (fenced).
@@ -375,16 +379,12 @@ impl Distributed {
         let mut request = RunRequest::resume(parked)
             .with_cancellation(entry.cancellation().clone())
             .with_event_sink(records.sink_with(&entry, Some(self.child_hook())));
-        if !ending {
+        if release {
             request = request.release_when_parked();
         }
         match self.core.runtime.mailbox().submit(request).await {
             Ok(handle) => {
-                tracing::warn!(
-                    thread_id,
-                    run_id = entry.run_id,
-                    "carrying on a run a lost process left waiting for approvals"
-                );
+                tracing::info!(thread_id, run_id = entry.run_id, "carrying on a parked run");
                 pump.set_active(Some(entry.clone()));
                 self.drive(thread_id, pump.clone(), entry, handle);
                 true

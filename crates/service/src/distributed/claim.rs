@@ -170,10 +170,20 @@ impl Distributed {
             // Parked, its calls never run: carried on here instead — to
             // let go again if it still waits, unless it is carried on to
             // end (a cancel, or new input that supersedes it).
-            let ending = wake.is_some_and(|w| w.cancel_requested || w.interrupt_queued);
+            let cancel = wake.is_some_and(|w| w.cancel_requested);
+            let superseded = wake.is_some_and(|w| w.interrupt_queued);
             if let Some((parked, events)) =
                 self.parked_to_carry_on(&run_id, thread_id, &agent_id).await
-                && self.carry_on(thread_id, pump, parked, events, ending).await
+                && self
+                    .carry_on(
+                        thread_id,
+                        pump,
+                        parked,
+                        events,
+                        cancel,
+                        !(cancel || superseded),
+                    )
+                    .await
             {
                 continue;
             }
