@@ -449,3 +449,59 @@ async fn an_escalation_is_answered_over_http_with_continue_and_a_message() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_parked_run_holds_no_slot_yet_keeps_its_thread_busy_until_it_is_decided() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let runtime = runtime(2, &runs);
+    let server = Server::start_runtime(runtime.clone()).await;
+    let (_, accepted) = server.say("t", "check", json!({})).await;
+    let run_id = accepted["run_id"].as_str().unwrap().to_owned();
+    let record = parked(&server, &run_id, 2).await;
+    // Parked: the run let go of its task and the thread's slot.
+    for _ in 0..500 {
+        if !runtime.is_thread_active("t") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        !runtime.is_thread_active("t"),
+        "the parked run holds its slot"
+    );
+    assert!(runtime.pending_approvals(None).is_empty());
+    // Yet the thread is busy with it: `reject` is refused, `enqueue` waits.
+    let (status, body) = server
+        .post(
+            "/v1/threads/t/runs",
+            json!({"strategy": "reject", "messages": [{"role": "user", "content": "now"}]}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("thread_busy")),
+        "{body}"
+    );
+    let (_, queued) = server
+        .say("t", "later", json!({"strategy": "enqueue"}))
+        .await;
+    let queued_id = queued["run_id"].as_str().unwrap().to_owned();
+    assert_eq!(queued["status"], "queued", "{queued}");
+    let (_, listed) = server.get("/v1/approvals?thread_id=t").await;
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+    for call in call_ids(&record) {
+        let (status, body) = server
+            .post(
+                &format!("/v1/runs/{run_id}/approvals/{call}"),
+                json!({"decision": "approve"}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let record = server.finished(&run_id).await;
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "each call ran once");
+    let record = server.finished(&queued_id).await;
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    server.stop().await;
+}
