@@ -18,7 +18,8 @@ impl PgRuns {
     /// it due) is not work.
     ///
     /// A thread whose oldest open run is younger than [`ORPHAN_GRACE`] is
-    /// left to the process that submitted it, which takes the thread
+    /// left to the process that submitted it (unless a released parked
+    /// run of it is due: no submitter will take it), which takes the thread
     /// itself right after writing the run; the scan is for work whose
     /// submitter or owner is gone.
     ///
@@ -76,9 +77,12 @@ impl PgRuns {
                                        WHERE w.thread_id = o.thread_id AND ",
                     waiting!("w"),
                     ")
-                       AND (SELECT r.created_at FROM rein_runs r
-                            WHERE r.thread_id = o.thread_id AND r.status <> 'finished'
-                            ORDER BY r.seq LIMIT 1) < now() - make_interval(secs => $1)
+                       AND ((SELECT r.created_at FROM rein_runs r
+                             WHERE r.thread_id = o.thread_id AND r.status <> 'finished'
+                             ORDER BY r.seq LIMIT 1) < now() - make_interval(secs => $1)
+                            OR EXISTS (SELECT 1 FROM rein_runs p
+                                       WHERE p.thread_id = o.thread_id AND p.status = 'running'
+                                         AND p.parked_calls IS NOT NULL))
                      ORDER BY o.thread_id
                      LIMIT $3"
                 )

@@ -109,6 +109,12 @@ impl Distributed {
                 Ok(true) => {}
                 Ok(false) => {
                     self.seen_elsewhere(thread_id);
+                    if force {
+                        // Work for the thread was made here (e.g. a parked
+                        // run's last decision) while its holder was giving
+                        // it up: take it when the holder says it did.
+                        self.held_elsewhere(thread_id);
+                    }
                     self.drop_pump(thread_id, &pump);
                     return;
                 }
