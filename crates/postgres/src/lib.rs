@@ -55,8 +55,8 @@ pub use listing::RunSpan;
 pub use notify::{Listener, Notification};
 pub use retry::{is_transient, retry};
 pub use runs::{
-    Claimed, NewRun, ORPHAN_GRACE, ParkedWake, PgRuns, RecordedDecision, StoredEvent, StoredPark,
-    StoredRun, SubmitOutcome,
+    Claimed, NewRun, ORPHAN_GRACE, ParkedWake, PgRuns, RecordedDecision, StoredDecision,
+    StoredEvent, StoredPark, StoredRun, SubmitOutcome,
 };
 pub use store::{LOST_WORKER_NOTE, PgThreadStore, WRITE_RETRY};
 

@@ -926,18 +926,23 @@ async fn a_run_released_when_parked_holds_no_task_nor_slot_and_its_carried_on_ru
     let shell = parked.pending[0].call_id.clone();
     let write = parked.pending[1].call_id.clone();
     assert!(matches!(
-        rt.decide_parked(&mut parked, &write, Decision::Continue { message: None }),
+        rt.decide_parked(
+            &mut parked,
+            &write,
+            Decision::Continue { message: None },
+            None
+        ),
         Err(ApprovalError::Invalid { .. })
     ));
-    rt.decide_parked(&mut parked, &shell, Decision::Approve)
+    rt.decide_parked(&mut parked, &shell, Decision::Approve, Some("alice"))
         .unwrap();
     assert!(
-        rt.decide_parked(&mut parked, &shell, Decision::Approve)
+        rt.decide_parked(&mut parked, &shell, Decision::Approve, None)
             .unwrap()
             .repeated
     );
     assert!(matches!(
-        rt.decide_parked(&mut parked, &shell, Decision::Reject { reason: None }),
+        rt.decide_parked(&mut parked, &shell, Decision::Reject { reason: None }, None),
         Err(ApprovalError::AlreadyDecided { .. })
     ));
     // Carried on while a call still waits: it lets go again at once.
@@ -957,6 +962,7 @@ async fn a_run_released_when_parked_holds_no_task_nor_slot_and_its_carried_on_ru
         Decision::Edit {
             arguments: json!({"path": "/tmp/b", "text": "y"}),
         },
+        Some("bob"),
     )
     .unwrap();
     assert!(parked.is_decided());
@@ -986,9 +992,30 @@ async fn a_run_released_when_parked_holds_no_task_nor_slot_and_its_carried_on_ru
             ),
         ]
     );
-    let k = kinds(&sink.events());
+    let events = sink.events();
+    let k = kinds(&events);
     assert_eq!(k.iter().filter(|k| **k == "run_started").count(), 1);
     assert_eq!(k.iter().filter(|k| **k == "run_finished").count(), 1);
+    // Who decided each call, and when, reach the events.
+    let deciders: Vec<(String, Option<String>, bool)> = events
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::ApprovalDecided {
+                call_id,
+                decided_by,
+                decided_at,
+                ..
+            } => Some((call_id.clone(), decided_by.clone(), decided_at.is_some())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        deciders,
+        vec![
+            (shell.clone(), Some("alice".to_owned()), true),
+            (write.clone(), Some("bob".to_owned()), true),
+        ]
+    );
     let history = rt.thread_messages("t").await;
     assert_eq!(history.iter().filter(|m| m.role == Role::Tool).count(), 3);
 }

@@ -365,6 +365,28 @@ impl Decision {
     }
 }
 
+/// Who took a decision, and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Decider {
+    /// Who decided: an API token's name, `rein run`, or a name the library
+    /// caller gave; `None` when not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// When (RFC 3339, UTC).
+    pub at: String,
+}
+
+impl Decider {
+    /// A decision taken now by `by`.
+    pub fn now(by: Option<&str>) -> Self {
+        Self {
+            by: by.map(str::to_owned),
+            at: rfc3339(SystemTime::now()),
+        }
+    }
+}
+
 /// `at` as RFC 3339 in UTC with milliseconds, e.g. `2026-11-27T17:05:09.120Z`.
 pub fn rfc3339(at: SystemTime) -> String {
     let since = at.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);

@@ -283,6 +283,13 @@ pub enum AgentEvent {
         call_id: String,
         /// The decision's name.
         decision: String,
+        /// Who decided: the API token's name, `rein run`, or what the
+        /// library caller named (none: not known, or a timeout).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        decided_by: Option<String>,
+        /// When it was decided (RFC 3339, UTC).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        decided_at: Option<String>,
     },
     /// The run ended. Always the last event of a run, exactly once.
     RunFinished {

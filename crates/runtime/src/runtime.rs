@@ -31,7 +31,7 @@ use crate::run::{AgentRunResult, RunRequest};
 use crate::stream::RunStream;
 use crate::telemetry;
 use crate::thread_store::ThreadStore;
-use rein_runtime_contract::approval::{Decision, PendingApproval};
+use rein_runtime_contract::approval::{Decider, Decision, PendingApproval};
 
 /// Why [`AgentRuntime::cancel_tool_call`] found nothing to cancel.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -802,19 +802,35 @@ impl AgentRuntime {
         call_id: &str,
         decision: Decision,
     ) -> Result<Decided, ApprovalError> {
+        self.decide_as(run_id, call_id, decision, None)
+    }
+
+    /// [`decide`](Self::decide), recording who decided (`by`: e.g. a
+    /// user's or an API token's name) in the `approval_decided` event.
+    ///
+    /// # Errors
+    ///
+    /// As for [`decide`](Self::decide).
+    pub fn decide_as(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        decision: Decision,
+        by: Option<&str>,
+    ) -> Result<Decided, ApprovalError> {
         let unknown = || ApprovalError::UnknownApproval {
             run_id: run_id.to_owned(),
             call_id: call_id.to_owned(),
         };
         let control = self.inner.registry.by_run(run_id).ok_or_else(unknown)?;
         let parked = control.parked.get().ok_or_else(unknown)?;
-        parked.decide(run_id, call_id, decision)
+        parked.decide(run_id, call_id, decision, Decider::now(by))
     }
 
     /// Decides the pending call `call_id` of `parked` — a run that let go
     /// of its task ([`RunRequest::release_when_parked`]) — with the same
-    /// checks as [`decide`](Self::decide), recording it in
-    /// `parked.decisions`. Carry the run on ([`RunRequest::resume`]) once
+    /// checks as [`decide`](Self::decide), recording it (and `by`, who
+    /// decided) in `parked.decisions` and `parked.deciders`. Carry the run on ([`RunRequest::resume`]) once
     /// [`ParkedRun::is_decided`](crate::approvals::ParkedRun::is_decided).
     ///
     /// # Errors
@@ -826,6 +842,7 @@ impl AgentRuntime {
         parked: &mut crate::approvals::ParkedRun,
         call_id: &str,
         decision: Decision,
+        by: Option<&str>,
     ) -> Result<Decided, ApprovalError> {
         let tools = self
             .inner
@@ -833,7 +850,7 @@ impl AgentRuntime {
             .get(&parked.agent_id)
             .map(|a| a.descriptors.clone())
             .unwrap_or_default();
-        parked.decide(call_id, decision, |tool| {
+        parked.decide(call_id, decision, Decider::now(by), |tool| {
             tools
                 .iter()
                 .find(|t| t.name == tool)

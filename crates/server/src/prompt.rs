@@ -13,6 +13,9 @@ use tokio::sync::mpsc;
 
 use crate::service::Service;
 
+/// Who the decisions taken at the terminal are recorded as.
+const DECIDER: &str = "rein run";
+
 /// The calls waiting for the person at the terminal, and the lines they type.
 #[derive(Debug)]
 pub(crate) struct Prompter {
@@ -132,7 +135,10 @@ impl Prompter {
                 let reject = Decision::Reject {
                     reason: Some("no decision: stdin closed".to_owned()),
                 };
-                if let Err(e) = service.decide(&p.run_id, &p.call_id, reject).await {
+                if let Err(e) = service
+                    .decide_as(&p.run_id, &p.call_id, reject, Some(DECIDER))
+                    .await
+                {
                     eprintln!("rein: {e}");
                 }
             }
@@ -150,7 +156,10 @@ impl Prompter {
                 return;
             }
         };
-        match service.decide(&p.run_id, &p.call_id, decision).await {
+        match service
+            .decide_as(&p.run_id, &p.call_id, decision, Some(DECIDER))
+            .await
+        {
             Ok(_) => {
                 self.waiting.pop_front();
                 self.shown = false;

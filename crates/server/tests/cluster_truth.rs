@@ -840,6 +840,10 @@ async fn a_parked_run_holds_no_lease_survives_kill_9_of_every_process_and_any_pr
         record["termination"]["value"]["code"], "terminate",
         "{record}"
     );
+    // When it was decided comes from the database's record of it.
+    assert_eq!(record["decisions"][0]["call_id"], call.as_str(), "{record}");
+    assert_eq!(record["decisions"][0]["decision"], "approve", "{record}");
+    assert!(record["decisions"][0]["decided_at"].is_string(), "{record}");
     let events = c.events(&run_id, None, Duration::from_secs(5)).await;
     assert_eq!(started_calls(&events), 1, "the call ran once: {events:?}");
     let starts = events.iter().filter(|(_, k, _)| k == "run_started").count();

@@ -11,8 +11,7 @@ use std::process::{Child, Command, Stdio};
 
 const AGENTS: &str = "providers:\n  p: { kind: scripted, responses: [\"Done.\"] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m }\n  - { id: b, model_id: m }\n";
 
-const TOKENS: &str =
-    "full-token-0123456789, read-token-0123456789:read, agent-token-0123456789:agents=b";
+const TOKENS: &str = "full-token-0123456789, read-token-0123456789:read, agent-token-0123456789:agents=b, alice=alice-token-0123456789";
 
 fn file(name: &str, yaml: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("rein-guard-{}-{name}", std::process::id()));
@@ -242,5 +241,72 @@ fn serve_refuses_a_public_bind_without_auth_unless_told_and_a_missing_token_vari
         String::from_utf8_lossy(&out.stderr).contains("REIN_NO_SUCH_VARIABLE is not set"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_decision_records_the_name_of_the_token_that_took_it() {
+    let config = file(
+        "decided-by",
+        "providers:\n  p:\n    kind: scripted\n    responses:\n      - { text: \"Finishing.\", tool_calls: [ { name: terminate, arguments: { status: success, message: done } } ] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: ops, model_id: m, plugin_ids: [terminate], approvals: [ { tool: terminate, action: ask } ] }\nserver:\n  auth: { tokens_env: REIN_TEST_TOKENS }\n",
+    );
+    let serve = Serve::start(&config);
+    let auth = "authorization: Bearer alice-token-0123456789\r\ncontent-type: application/json";
+    let (status, _, body) = serve.send(
+        &format!("POST /v1/threads/t/runs HTTP/1.1\r\nhost: localhost\r\n{auth}"),
+        r#"{"agent_id":"ops","messages":[{"role":"user","content":"finish"}]}"#,
+    );
+    assert_eq!(status, 202, "{body}");
+    let run: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let read = |serve: &Serve| -> serde_json::Value {
+        let (_, _, body) = serve.send(
+            &format!("GET /v1/runs/{run_id} HTTP/1.1\r\nhost: localhost\r\n{auth}"),
+            "",
+        );
+        serde_json::from_str(&body).unwrap()
+    };
+    let mut record = read(&serve);
+    for _ in 0..400 {
+        if record["status"] == "awaiting_approval" {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        record = read(&serve);
+    }
+    let call = record["pending_approvals"][0]["call_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("never parked: {record}"))
+        .to_owned();
+    let (status, _, body) = serve.send(
+        &format!("POST /v1/runs/{run_id}/approvals/{call} HTTP/1.1\r\nhost: localhost\r\n{auth}"),
+        r#"{"decision":"approve"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    for _ in 0..400 {
+        if record["status"] == "finished" {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        record = read(&serve);
+    }
+    assert_eq!(record["status"], "finished", "{record}");
+    let decision = &record["decisions"][0];
+    assert_eq!(decision["call_id"], call.as_str(), "{record}");
+    assert_eq!(decision["decision"], "approve", "{record}");
+    assert_eq!(decision["decided_by"], "alice", "{record}");
+    let at = decision["decided_at"].as_str().unwrap();
+    assert!(
+        rein::contract::approval::parse_rfc3339(at).is_some(),
+        "decided_at is RFC 3339: {at}"
+    );
+    // The event in the run's log says the same.
+    let (_, _, events) = serve.send(
+        &format!("GET /v1/runs/{run_id}/events HTTP/1.1\r\nhost: localhost\r\n{auth}"),
+        "",
+    );
+    assert!(
+        events.contains(r#""decided_by":"alice""#),
+        "approval_decided names who decided: {events}"
     );
 }

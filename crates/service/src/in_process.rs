@@ -192,6 +192,7 @@ impl InProcess {
         entry: &RunEntry,
         call_id: &str,
         decision: &Decision,
+        by: Option<&str>,
     ) -> Option<Result<Decided, ServiceError>> {
         let lane = self.lane(&entry.thread_id);
         let mut waited = Duration::ZERO;
@@ -202,10 +203,10 @@ impl InProcess {
                     let mut state = lane.state();
                     let parked = state.parked.as_mut().filter(|p| p.run_id == entry.run_id);
                     parked.map(|p| {
-                        let decided = self
-                            .core
-                            .runtime
-                            .decide_parked(p, call_id, decision.clone());
+                        let decided =
+                            self.core
+                                .runtime
+                                .decide_parked(p, call_id, decision.clone(), by);
                         (decided, p.is_decided())
                     })
                 };
@@ -553,8 +554,13 @@ impl Mode for InProcess {
         run_id: &str,
         call_id: &str,
         decision: Decision,
+        by: Option<&str>,
     ) -> Result<Decided, ServiceError> {
-        match self.core.runtime.decide(run_id, call_id, decision.clone()) {
+        match self
+            .core
+            .runtime
+            .decide_as(run_id, call_id, decision.clone(), by)
+        {
             Ok(decided) => return Ok(decided),
             Err(ApprovalError::UnknownApproval { .. }) => {}
             Err(e) => return Err(e.into()),
@@ -566,7 +572,7 @@ impl Mode for InProcess {
             })
         })?;
         // Parked without a task: decided in its lane.
-        if let Some(decided) = self.decide_let_go(&entry, call_id, &decision).await {
+        if let Some(decided) = self.decide_let_go(&entry, call_id, &decision, by).await {
             return decided;
         }
         // Not pending (any more): a repeat of the logged decision, or not.

@@ -75,7 +75,9 @@ use rein_runtime_contract::message::Message;
 #[cfg(feature = "postgres")]
 pub use distributed::LOST_RUN;
 pub use error::ServiceError;
-pub use records::{LoggedEvent, RunEntry, RunRecord, RunStatus, ThreadEvent, ThreadTail};
+pub use records::{
+    DecisionRecord, LoggedEvent, RunEntry, RunRecord, RunStatus, ThreadEvent, ThreadTail,
+};
 pub use settings::{MAX_ID_BYTES, Retention, ServiceSettings};
 pub use submission::{ClientMessage, Strategy, Submission, Submitted};
 
@@ -303,7 +305,28 @@ impl Service {
         call_id: &str,
         decision: Decision,
     ) -> Result<Decided, ServiceError> {
-        self.mode.decide(run_id, call_id, decision).await
+        self.mode.decide(run_id, call_id, decision, None).await
+    }
+
+    /// [`decide`](Self::decide), recording who decided (`by`: an API
+    /// token's name, `rein run`) with the decision: the `approval_decided`
+    /// event and the run record's `decisions` carry it.
+    ///
+    /// # Errors
+    ///
+    /// As for [`decide`](Self::decide).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`decide`](Self::decide).
+    pub async fn decide_as(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        decision: Decision,
+        by: Option<&str>,
+    ) -> Result<Decided, ServiceError> {
+        self.mode.decide(run_id, call_id, decision, by).await
     }
 
     /// The calls parked runs wait on, of every thread or of `thread_id`'s

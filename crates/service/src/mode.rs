@@ -46,6 +46,7 @@ pub(crate) trait Mode: Send + Sync + std::fmt::Debug {
         run_id: &str,
         call_id: &str,
         decision: Decision,
+        by: Option<&str>,
     ) -> Result<Decided, ServiceError>;
 
     /// The pending approvals of every parked run, or of `thread_id`'s.

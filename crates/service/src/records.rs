@@ -99,6 +99,29 @@ pub struct RunRecord {
     /// While `awaiting_approval`: the calls it waits on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_approvals: Vec<PendingApproval>,
+    /// The decisions taken on its calls (and escalations), in order: who
+    /// decided and when.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<DecisionRecord>,
+}
+
+/// A decision taken on one of a run's pending calls, from its
+/// `approval_decided` event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct DecisionRecord {
+    /// The decided call.
+    pub call_id: String,
+    /// `approve`, `reject`, `edit`, `respond`, `continue`, `stop`,
+    /// `take_over`, or `timeout`.
+    pub decision: String,
+    /// Who decided: the API token's name, `rein run`; absent when not
+    /// known (no auth) or for a timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    /// When (RFC 3339, UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<String>,
 }
 
 /// One event of a run's log: the event itself (what AG-UI translates)
@@ -198,6 +221,8 @@ struct EntryState {
     parent: Option<(String, String)>,
     /// The calls it waits on while parked.
     pending: Vec<PendingApproval>,
+    /// The decisions taken on its calls.
+    decisions: Vec<DecisionRecord>,
 }
 
 impl RunEntry {
@@ -223,6 +248,7 @@ impl RunEntry {
                 children: Vec::new(),
                 parent: None,
                 pending: Vec::new(),
+                decisions: Vec::new(),
             }),
             changed: watch::channel(0).0,
             driven_here: std::sync::atomic::AtomicBool::new(false),
@@ -280,14 +306,21 @@ impl RunEntry {
                 parent_call_id: None,
                 children: Vec::new(),
                 pending_approvals: state.pending.clone(),
+                decisions: Vec::new(),
             },
         };
+        record.decisions.clone_from(&state.decisions);
         if let Some((run, call)) = &state.parent {
             record.parent_run_id = Some(run.clone());
             record.parent_call_id = Some(call.clone());
         }
         record.children.clone_from(&state.children);
         record
+    }
+
+    /// The decisions taken on its calls so far.
+    pub(crate) fn decisions(&self) -> Vec<DecisionRecord> {
+        self.state().decisions.clone()
     }
 
     /// The run's parent token.
@@ -771,6 +804,7 @@ pub(crate) fn finished_record(
         parent_call_id: None,
         children: Vec::new(),
         pending_approvals: Vec::new(),
+        decisions: Vec::new(),
     }
 }
 
@@ -830,7 +864,21 @@ fn track_approvals(state: &mut EntryState, event: &AgentEvent) {
                 state.status = RunStatus::AwaitingApproval;
             }
         }
-        AgentEvent::ApprovalDecided { call_id, .. } => {
+        AgentEvent::ApprovalDecided {
+            call_id,
+            decision,
+            decided_by,
+            decided_at,
+            ..
+        } => {
+            if !state.decisions.iter().any(|d| d.call_id == *call_id) {
+                state.decisions.push(DecisionRecord {
+                    call_id: call_id.clone(),
+                    decision: decision.clone(),
+                    decided_by: decided_by.clone(),
+                    decided_at: decided_at.clone(),
+                });
+            }
             state.pending.retain(|p| p.call_id != *call_id);
             if state.pending.is_empty() && state.status == RunStatus::AwaitingApproval {
                 state.status = RunStatus::Running;

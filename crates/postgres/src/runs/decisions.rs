@@ -7,6 +7,20 @@ use serde_json::Value;
 
 use super::PgRuns;
 
+/// A decision as stored ([`PgRuns::decisions`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredDecision {
+    /// The decided call.
+    pub call_id: String,
+    /// The decision's JSON.
+    pub decision: Value,
+    /// Who took it (an API token's name), if known.
+    pub by: Option<String>,
+    /// When (RFC 3339, UTC).
+    pub at: String,
+}
+
 /// What [`PgRuns::record_decision`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -35,11 +49,12 @@ impl PgRuns {
         run_id: &str,
         call_id: &str,
         decision: &Value,
+        by: Option<&str>,
     ) -> Result<Option<RecordedDecision>, sqlx::Error> {
         let row: Option<(Option<Value>, bool)> = sqlx::query_as(
             "WITH ins AS (
-                 INSERT INTO rein_decisions (run_id, call_id, decision)
-                 SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM rein_runs WHERE run_id = $1)
+                 INSERT INTO rein_decisions (run_id, call_id, decision, decided_by)
+                 SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM rein_runs WHERE run_id = $1)
                  ON CONFLICT DO NOTHING
                  RETURNING decision
              )
@@ -52,6 +67,7 @@ impl PgRuns {
         .bind(run_id)
         .bind(call_id)
         .bind(decision)
+        .bind(by)
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.and_then(|(decision, inserted)| {
@@ -59,8 +75,8 @@ impl PgRuns {
         }))
     }
 
-    /// A run's decisions (call id, decision), and whether they were
-    /// applied by an owner's engine.
+    /// A run's decisions in the order taken, and whether they were applied
+    /// by an owner's engine.
     ///
     /// # Errors
     ///
@@ -72,15 +88,27 @@ impl PgRuns {
     pub async fn decisions(
         &self,
         run_id: &str,
-    ) -> Result<(Vec<(String, Value)>, bool), sqlx::Error> {
-        let rows: Vec<(String, Value, bool)> = sqlx::query_as(
-            "SELECT call_id, decision, applied FROM rein_decisions WHERE run_id = $1 ORDER BY decided_at, call_id",
+    ) -> Result<(Vec<StoredDecision>, bool), sqlx::Error> {
+        let rows: Vec<(String, Value, bool, Option<String>, String)> = sqlx::query_as(
+            "SELECT call_id, decision, applied, decided_by,
+                    to_char(decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')
+             FROM rein_decisions WHERE run_id = $1 ORDER BY decided_at, call_id",
         )
         .bind(run_id)
         .fetch_all(&self.pool)
         .await?;
         let applied = rows.iter().any(|r| r.2);
-        Ok((rows.into_iter().map(|(c, d, _)| (c, d)).collect(), applied))
+        Ok((
+            rows.into_iter()
+                .map(|(call_id, decision, _, by, at)| StoredDecision {
+                    call_id,
+                    decision,
+                    by,
+                    at,
+                })
+                .collect(),
+            applied,
+        ))
     }
 
     /// Marks a run's decisions applied (fenced by its thread's lease):

@@ -64,7 +64,7 @@ mod submit;
 
 use crate::inbox::Inbox;
 pub(crate) use decisions::parked_call_ids;
-pub use decisions::{RecordedDecision, StoredPark};
+pub use decisions::{RecordedDecision, StoredDecision, StoredPark};
 pub use orphans::ORPHAN_GRACE;
 pub use parked::ParkedWake;
 

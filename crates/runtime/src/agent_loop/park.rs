@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use rein_runtime_contract::approval::{Decision, PendingApproval, PendingKind};
+use rein_runtime_contract::approval::{Decider, Decision, PendingApproval, PendingKind};
 use rein_runtime_contract::event::AgentEvent;
 use rein_runtime_contract::lifecycle::StoppedReason;
 use rein_runtime_contract::lifecycle::TerminationReason;
@@ -58,7 +58,7 @@ impl Run {
         {
             return None;
         }
-        let decisions = parked.let_go()?;
+        let taken = parked.let_go()?;
         let pending = parked.all().into_iter().map(|h| h.pending).collect();
         let mut run = ParkedRun::new(
             self.id.run_id.clone(),
@@ -66,7 +66,12 @@ impl Run {
             self.id.agent_id.clone(),
             pending,
         );
-        run.decisions = decisions;
+        for (call_id, decision, decider) in taken {
+            if let Some(decider) = decider {
+                run.deciders.push((call_id.clone(), decider));
+            }
+            run.decisions.push((call_id, decision));
+        }
         run.steps = self.steps;
         run.usage = self.usage;
         run.active = self.started.elapsed();
@@ -100,7 +105,10 @@ impl Run {
             .find(|p| p.kind == PendingKind::Escalation)
             .cloned()
         {
-            return match self.resume_escalation(p, resumed.decisions).await? {
+            return match self
+                .resume_escalation(p, resumed.decisions, &resumed.deciders)
+                .await?
+            {
                 Some(message) => {
                     self.directives.user_messages.push(message);
                     Ok(())
@@ -144,7 +152,8 @@ impl Run {
         let parked = self.parked_state();
         parked.hold(held.iter().map(|(_, h)| h.clone()).collect());
         for (call_id, decision) in resumed.decisions {
-            if let Err(error) = parked.decide(&self.id.run_id, &call_id, decision) {
+            let decider = decider_of(&resumed.deciders, &call_id);
+            if let Err(error) = parked.decide(&self.id.run_id, &call_id, decision, decider) {
                 tracing::warn!(%error, call_id, "a stored decision was not applied");
             }
         }
@@ -163,6 +172,7 @@ impl Run {
         &mut self,
         pending: PendingApproval,
         decisions: Vec<(String, Decision)>,
+        deciders: &[(String, Decider)],
     ) -> Result<Option<String>, TerminationReason> {
         let parked = self.parked_state();
         let reason = StoppedReason::new(
@@ -173,7 +183,8 @@ impl Run {
         self.escalations += 1;
         parked.hold(vec![Held::escalation(pending)]);
         for (id, decision) in decisions.into_iter().filter(|(id, _)| *id == call_id) {
-            let _ = parked.decide(&self.id.run_id, &id, decision);
+            let decider = decider_of(deciders, &id);
+            let _ = parked.decide(&self.id.run_id, &id, decision, decider);
         }
         if let Some(ending) = self.try_let_go(&parked) {
             return Err(ending);
@@ -304,6 +315,8 @@ impl Run {
             thread_id: self.id.thread_id.clone(),
             call_id: held.pending.call_id.clone(),
             decision: decision.name().to_owned(),
+            decided_by: held.decider.as_ref().and_then(|d| d.by.clone()),
+            decided_at: held.decider.as_ref().map(|d| d.at.clone()),
         });
         match decision {
             Decision::Stop => Err(TerminationReason::Stopped(StoppedReason::new(
@@ -378,6 +391,8 @@ impl Run {
                 thread_id: self.id.thread_id.clone(),
                 call_id: call_id.clone(),
                 decision: name.to_owned(),
+                decided_by: h.decider.as_ref().and_then(|d| d.by.clone()),
+                decided_at: h.decider.as_ref().map(|d| d.at.clone()),
             });
             let tool = self.agent.tools.get(&calls[i].name).cloned();
             let answer = |content: String, is_error: bool| {
@@ -447,6 +462,15 @@ impl Run {
         }
         ending.map_or(Ok(()), Err)
     }
+}
+
+/// Who took the stored decision on `call_id` (a decision stored without
+/// one is taken as known by nobody, now).
+fn decider_of(deciders: &[(String, Decider)], call_id: &str) -> Decider {
+    deciders
+        .iter()
+        .find(|(c, _)| c == call_id)
+        .map_or_else(|| Decider::now(None), |(_, d)| d.clone())
 }
 
 /// Sleeps until `at`, or forever.

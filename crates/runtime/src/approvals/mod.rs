@@ -30,7 +30,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use rein_runtime_contract::approval::{
-    ApprovalAction, CompiledRule, Decision, OnTimeout, PendingApproval, PendingKind, rfc3339,
+    ApprovalAction, CompiledRule, Decider, Decision, OnTimeout, PendingApproval, PendingKind,
+    rfc3339,
 };
 use rein_runtime_contract::message::ToolCall;
 use rein_runtime_contract::spec::AgentSpec;
@@ -119,6 +120,8 @@ pub(crate) struct Held {
     /// When its rule's timeout passes, and what that does.
     pub(crate) deadline: Option<(tokio::time::Instant, Duration, OnTimeout)>,
     pub(crate) decision: Option<Decision>,
+    /// Who took the decision, and when (none for a timeout).
+    pub(crate) decider: Option<Decider>,
     /// Whether the decision is its rule's timeout (`on_timeout: reject`).
     pub(crate) timed_out: bool,
     /// The tool's parameters, to check edited arguments against.
@@ -132,6 +135,7 @@ impl Held {
             pending,
             deadline: None,
             decision: None,
+            decider: None,
             timed_out: false,
             parameters: serde_json::Value::Null,
         }
@@ -163,6 +167,7 @@ impl Held {
             pending,
             deadline,
             decision: None,
+            decider: None,
             timed_out: false,
             parameters,
         }
@@ -203,6 +208,7 @@ impl Held {
             pending,
             deadline,
             decision: None,
+            decider: None,
             timed_out: false,
             parameters,
         }
@@ -229,6 +235,8 @@ pub struct ParkedRun {
     pub pending: Vec<PendingApproval>,
     /// Decisions already taken, by call id.
     pub decisions: Vec<(String, Decision)>,
+    /// Who took them and when, by call id.
+    pub deciders: Vec<(String, Decider)>,
     /// Inferences made before the park.
     pub steps: u32,
     /// Usage before the park.
@@ -251,6 +259,7 @@ impl ParkedRun {
             agent_id: agent_id.into(),
             pending,
             decisions: Vec::new(),
+            deciders: Vec::new(),
             steps: 0,
             usage: Default::default(),
             active: Duration::ZERO,
@@ -279,6 +288,7 @@ impl ParkedRun {
         &mut self,
         call_id: &str,
         decision: Decision,
+        decider: Decider,
         parameters: impl Fn(&str) -> serde_json::Value,
     ) -> Result<Decided, ApprovalError> {
         let check = Parked::default();
@@ -297,9 +307,10 @@ impl ParkedRun {
                 })
                 .collect(),
         );
-        let decided = check.decide(&self.run_id, call_id, decision.clone())?;
+        let decided = check.decide(&self.run_id, call_id, decision.clone(), decider.clone())?;
         if !decided.repeated {
             self.decisions.push((call_id.to_owned(), decision));
+            self.deciders.push((call_id.to_owned(), decider));
         }
         Ok(decided)
     }
@@ -420,7 +431,7 @@ impl Parked {
     /// (`None`: the run goes on here). From then on no decision is taken
     /// here (they are `UnknownApproval`, for whoever carries the run on);
     /// returns the ones taken so far.
-    pub(crate) fn let_go(&self) -> Option<Vec<(String, Decision)>> {
+    pub(crate) fn let_go(&self) -> Option<Vec<(String, Decision, Option<Decider>)>> {
         let held = self.held();
         if held.iter().all(|h| h.decision.is_some()) {
             return None;
@@ -429,7 +440,13 @@ impl Parked {
         Some(
             held.iter()
                 .filter(|h| !h.timed_out)
-                .filter_map(|h| Some((h.pending.call_id.clone(), h.decision.clone()?)))
+                .filter_map(|h| {
+                    Some((
+                        h.pending.call_id.clone(),
+                        h.decision.clone()?,
+                        h.decider.clone(),
+                    ))
+                })
                 .collect(),
         )
     }
@@ -472,6 +489,7 @@ impl Parked {
         run_id: &str,
         call_id: &str,
         decision: Decision,
+        decider: Decider,
     ) -> Result<Decided, ApprovalError> {
         let mut held = self.held();
         let gone = self.gone.load(std::sync::atomic::Ordering::SeqCst);
@@ -536,6 +554,7 @@ impl Parked {
             _ => {}
         }
         entry.decision = Some(decision);
+        entry.decider = Some(decider);
         let complete = held.iter().all(|h| h.decision.is_some());
         drop(held);
         if complete {

@@ -47,6 +47,7 @@ use rein::events::AgentEvent;
 pub(crate) async fn run(
     State(service): State<Service>,
     scope: Option<axum::Extension<crate::http::guard::Scope>>,
+    caller: Option<axum::Extension<crate::http::guard::Caller>>,
     PathParams(agent_id): PathParams<String>,
     JsonBody(input): JsonBody<RunAgentInput>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
@@ -64,7 +65,8 @@ pub(crate) async fn run(
         ));
     }
     if !input.resume.is_empty() {
-        let (entry, translator, from) = resume(&service, &input).await?;
+        let by = caller.as_ref().map(|c| c.0.0.as_str());
+        let (entry, translator, from) = resume(&service, &input, by).await?;
         return Ok(Sse::new(stream(service, entry, translator, from).boxed()));
     }
     // The ids (empty, too long, control characters) and the messages'
@@ -88,6 +90,7 @@ pub(crate) async fn run(
 async fn resume(
     service: &Service,
     input: &RunAgentInput,
+    by: Option<&str>,
 ) -> Result<(Arc<RunEntry>, Translator, u64), ApiError> {
     let thread = &input.thread_id;
     let pending = service.pending_approvals(Some(thread)).await?;
@@ -127,7 +130,7 @@ async fn resume(
     }
     let run = service.run(&root).await?;
     for (run_id, call_id, decision) in decisions {
-        service.decide(&run_id, &call_id, decision).await?;
+        service.decide_as(&run_id, &call_id, decision, by).await?;
     }
     let (events, _) = run.events_after(0);
     let parked_at = events

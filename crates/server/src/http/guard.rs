@@ -46,11 +46,25 @@ impl Scope {
     }
 }
 
+/// One accepted token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Token {
+    secret: String,
+    scope: Scope,
+    /// Who holds it: its `NAME=` prefix, else `token #<position>`.
+    name: String,
+}
+
+/// Who called: the name of the token the request presented (an extension
+/// of authenticated requests), recorded with what it decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Caller(pub(crate) String);
+
 /// The checks, from the server's settings.
 #[derive(Debug)]
 pub(crate) struct Guard {
     /// `None`: no authentication.
-    tokens: Option<Vec<(String, Scope)>>,
+    tokens: Option<Vec<Token>>,
     origins: Vec<String>,
     /// Served on a public interface without auth (`--insecure-public`):
     /// any `Host`.
@@ -116,13 +130,25 @@ impl Guard {
     }
 }
 
-/// `TOKEN`, `TOKEN:read`, `TOKEN:agents=a|b`, comma-separated.
-fn parse_tokens(raw: &str) -> Result<Vec<(String, Scope)>, String> {
+/// `[NAME=]TOKEN`, `[NAME=]TOKEN:read`, `[NAME=]TOKEN:agents=a|b`,
+/// comma-separated. `NAME` (a letter, then letters, digits, `_`, `.`, `-`;
+/// at most 64) names who holds the token; an entry whose part after the
+/// first `=` is not a token of its own (e.g. base64 padding) is a token
+/// with no name, called `token #<position>`.
+fn parse_tokens(raw: &str) -> Result<Vec<Token>, String> {
     let mut tokens = Vec::new();
     for (i, entry) in raw.split(',').map(str::trim).enumerate() {
         if entry.is_empty() {
             continue;
         }
+        let (name, entry) = match entry.split_once('=') {
+            Some((name, rest))
+                if token_name(name) && rest.split(':').next().is_some_and(|t| t.len() >= 16) =>
+            {
+                (name.to_owned(), rest)
+            }
+            _ => (format!("token #{}", i + 1), entry),
+        };
         let (secret, scope) = match entry.split_once(':') {
             None => (entry, Scope::All),
             Some((secret, "read")) => (secret, Scope::Read),
@@ -145,12 +171,24 @@ fn parse_tokens(raw: &str) -> Result<Vec<(String, Scope)>, String> {
                 i + 1
             ));
         }
-        tokens.push((secret.to_owned(), scope));
+        tokens.push(Token {
+            secret: secret.to_owned(),
+            scope,
+            name,
+        });
     }
     if tokens.is_empty() {
         return Err("no token: set it to TOKEN[,TOKEN…]".to_owned());
     }
     Ok(tokens)
+}
+
+/// Whether `name` can name a token's holder.
+fn token_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() <= 64
+        && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 /// Whether the host part of a `Host` header names this machine's loopback.
@@ -251,13 +289,8 @@ pub(crate) async fn check(
             .get(header::AUTHORIZATION)
             .and_then(|a| a.to_str().ok())
             .and_then(|a| a.strip_prefix("Bearer "));
-        let scope = presented.and_then(|p| {
-            tokens
-                .iter()
-                .find(|(secret, _)| secret.as_str() == p)
-                .map(|(_, scope)| scope.clone())
-        });
-        let Some(scope) = scope else {
+        let token = presented.and_then(|p| tokens.iter().find(|t| t.secret.as_str() == p));
+        let Some(Token { scope, name, .. }) = token.cloned() else {
             let mut response = ApiError::new(
                 401,
                 "unauthorized",
@@ -276,6 +309,7 @@ pub(crate) async fn check(
             );
         }
         request.extensions_mut().insert(scope);
+        request.extensions_mut().insert(Caller(name));
     }
     cors(next.run(request).await, origin)
 }
@@ -289,9 +323,10 @@ mod tests {
         let tokens =
             parse_tokens("aaaaaaaaaaaaaaaa, bbbbbbbbbbbbbbbb:read, cccccccccccccccc:agents=a|b")
                 .unwrap();
-        assert_eq!(tokens[0].1, Scope::All);
-        assert_eq!(tokens[1].1, Scope::Read);
-        assert_eq!(tokens[2].1, Scope::Agents(vec!["a".into(), "b".into()]));
+        assert_eq!(tokens[0].scope, Scope::All);
+        assert_eq!(tokens[1].scope, Scope::Read);
+        assert_eq!(tokens[2].scope, Scope::Agents(vec!["a".into(), "b".into()]));
+        assert_eq!(tokens[1].name, "token #2");
         let error = parse_tokens("aaaaaaaaaaaaaaaa, tiny").unwrap_err();
         assert!(error.contains("token #2"), "{error}");
         assert!(
@@ -299,6 +334,27 @@ mod tests {
             "the token is never quoted: {error}"
         );
         assert!(parse_tokens(" , ").is_err());
+    }
+
+    #[test]
+    fn a_token_may_be_named_and_base64_padding_is_not_a_name() {
+        let tokens = parse_tokens(
+            "alice=aaaaaaaaaaaaaaaa:read, ops.bot-1=bbbbbbbbbbbbbbbb, cccccccccccccccc==, 9x=dddddddddddddddd",
+        )
+        .unwrap();
+        assert_eq!(
+            (tokens[0].name.as_str(), tokens[0].secret.as_str()),
+            ("alice", "aaaaaaaaaaaaaaaa")
+        );
+        assert_eq!(tokens[0].scope, Scope::Read);
+        assert_eq!(tokens[1].name, "ops.bot-1");
+        // Padding, not a name: the whole entry is the token.
+        assert_eq!(
+            (tokens[2].name.as_str(), tokens[2].secret.as_str()),
+            ("token #3", "cccccccccccccccc==")
+        );
+        // A name starts with a letter: this is a token with no name.
+        assert_eq!(tokens[3].secret, "9x=dddddddddddddddd");
     }
 
     #[test]

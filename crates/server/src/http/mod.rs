@@ -251,6 +251,7 @@ async fn cancel_tool_call(
 async fn decide_approval(
     State(service): State<Service>,
     scope: Option<axum::Extension<guard::Scope>>,
+    caller: Option<axum::Extension<guard::Caller>>,
     PathParams((run_id, call_id)): PathParams<(String, String)>,
     JsonBody(decision): JsonBody<Decision>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -258,7 +259,8 @@ async fn decide_approval(
         let entry = service.run(&run_id).await?;
         scope.check_agent(&entry.agent_id)?;
     }
-    let decided = service.decide(&run_id, &call_id, decision).await?;
+    let by = caller.as_ref().map(|c| c.0.0.as_str());
+    let decided = service.decide_as(&run_id, &call_id, decision, by).await?;
     Ok(Json(
         serde_json::json!({"call_id": decided.call_id, "decision": decided.decision}),
     ))

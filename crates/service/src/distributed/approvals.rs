@@ -18,7 +18,7 @@ use std::time::Duration;
 use rein_postgres::{StoredEvent, WRITE_RETRY, retry};
 use rein_runtime::RunRequest;
 use rein_runtime::approvals::{ApprovalError, Decided, ParkedRun, check_arguments};
-use rein_runtime_contract::approval::{Decision, PendingApproval, PendingKind};
+use rein_runtime_contract::approval::{Decider, Decision, PendingApproval, PendingKind};
 use rein_runtime_contract::event::AgentEvent;
 
 use super::claim::Pump;
@@ -48,6 +48,7 @@ impl Distributed {
         run_id: &str,
         call_id: &str,
         decision: Decision,
+        by: Option<&str>,
     ) -> Result<Decided, ServiceError> {
         let entry = match self.run(run_id).await {
             Ok(entry) => entry,
@@ -83,7 +84,7 @@ impl Distributed {
         let json = serde_json::to_value(&decision).unwrap_or_default();
         let first = if pending.is_some() {
             let recorded = runs
-                .record_decision(run_id, call_id, &json)
+                .record_decision(run_id, call_id, &json, by)
                 .await
                 .map_err(|e| unavailable(&e))?
                 .ok_or_else(|| unknown(run_id, call_id))?;
@@ -91,8 +92,8 @@ impl Distributed {
         } else {
             // Not pending: only a repeat of a stored decision is answered.
             let (stored, _) = runs.decisions(run_id).await.map_err(|e| unavailable(&e))?;
-            match stored.into_iter().find(|(c, _)| c == call_id) {
-                Some((_, decision)) => Some(decision),
+            match stored.into_iter().find(|d| d.call_id == call_id) {
+                Some(d) => Some(d.decision),
                 None => return Core::decided_before(&entry, call_id, &decision),
             }
         };
@@ -194,17 +195,20 @@ impl Distributed {
                 return;
             }
         };
-        let todo: Vec<(String, Decision)> = stored
+        let todo: Vec<(String, Decision, Option<String>)> = stored
             .into_iter()
-            .filter(|(c, _)| local.iter().any(|p| p.call_id == *c))
-            .filter_map(|(c, d)| serde_json::from_value(d).ok().map(|d| (c, d)))
+            .filter(|d| local.iter().any(|p| p.call_id == d.call_id))
+            .filter_map(|d| {
+                let decision = serde_json::from_value(d.decision).ok()?;
+                Some((d.call_id, decision, d.by))
+            })
             .collect();
         if todo.is_empty() {
             return;
         }
         let completes = local
             .iter()
-            .all(|p| todo.iter().any(|(c, _)| *c == p.call_id));
+            .all(|p| todo.iter().any(|(c, _, _)| *c == p.call_id));
         if completes {
             match runs.mark_decisions_applied(&entry.thread_id, run_id).await {
                 Ok(true) => {}
@@ -221,8 +225,8 @@ impl Distributed {
                 }
             }
         }
-        for (call_id, decision) in todo {
-            if let Err(error) = runtime.decide(run_id, &call_id, decision) {
+        for (call_id, decision, by) in todo {
+            if let Err(error) = runtime.decide_as(run_id, &call_id, decision, by.as_deref()) {
                 tracing::debug!(%error, run_id, call_id, "a stored decision was not applied");
             }
         }
@@ -316,10 +320,14 @@ impl Distributed {
         parked.steps = steps;
         parked.usage = usage;
         parked.active = Duration::from_millis(active_ms);
-        parked.decisions = stored
-            .into_iter()
-            .filter_map(|(c, d)| serde_json::from_value(d).ok().map(|d| (c, d)))
-            .collect();
+        for d in stored {
+            if let Ok(decision) = serde_json::from_value(d.decision) {
+                let mut decider = Decider::now(d.by.as_deref());
+                decider.at = d.at;
+                parked.deciders.push((d.call_id.clone(), decider));
+                parked.decisions.push((d.call_id, decision));
+            }
+        }
         Some((parked, events))
     }
 

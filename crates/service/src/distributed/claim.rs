@@ -382,6 +382,7 @@ impl Distributed {
                     let mut record =
                         finished_record(&entry.run_id, &thread_id, &entry.agent_id, &result);
                     record.children = entry.children();
+                    record.decisions = entry.decisions();
                     match store_end(&runs, &thread_id, &entry, written, &record).await {
                         Ok(true) => true,
                         Ok(false) => {

@@ -370,8 +370,9 @@ impl Mode for Distributed {
         run_id: &str,
         call_id: &str,
         decision: Decision,
+        by: Option<&str>,
     ) -> Result<Decided, ServiceError> {
-        self.decide_anywhere(run_id, call_id, decision).await
+        self.decide_anywhere(run_id, call_id, decision, by).await
     }
 
     async fn pending_approvals(
