@@ -405,3 +405,78 @@ pub(crate) async fn approval(runs: usize, lost: bool) {
     emit(name, "p50", percentile(&l, 0.5), "ms");
     emit(name, "p99", percentile(&l, 0.99), "ms");
 }
+
+/// W13c in the service: the resident memory a `rein serve` process keeps
+/// per parked run once the runs have let go (no task, no lease): its RSS
+/// after `runs` more runs parked, against after a warm-up batch.
+pub(crate) async fn parked_memory(runs: usize) {
+    let db = Database::create().await;
+    let config = config(&db, 10);
+    let a = Node::start(&config, &db);
+    let pool = sqlx::PgPool::connect(&db.url)
+        .await
+        .unwrap_or_else(|e| fail(&format!("cannot connect to the bench database: {e}")));
+    let client = reqwest::Client::new();
+    let warm_up = (runs / 4).max(2);
+    park_released(&client, &a, &pool, "parked-memory-warm", warm_up).await;
+    let before = rss_kb(a.child.id());
+    park_released(&client, &a, &pool, "parked-memory", runs).await;
+    let after = rss_kb(a.child.id());
+    emit(
+        "cluster_parked_memory",
+        "rss_per_parked_run",
+        (after - before) * 1024.0 / runs as f64,
+        "bytes",
+    );
+    pool.close().await;
+    drop(a);
+    db.drop().await;
+}
+
+/// Parks `runs` runs of `gated` on `node`, one thread each, and waits
+/// until every parked run is released and no thread is held.
+async fn park_released(
+    client: &reqwest::Client,
+    node: &Node,
+    pool: &sqlx::PgPool,
+    name: &str,
+    runs: usize,
+) {
+    for i in 0..runs {
+        let t = thread(name, i);
+        let (code, answer) = submit(client, node, &t, "gated", "interrupt").await;
+        if code != 202 {
+            fail(&format!("the submission was answered {code} {answer}"));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (parked, held): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM rein_runs WHERE parked_calls IS NOT NULL),
+                    (SELECT count(*) FROM rein_threads WHERE owner IS NOT NULL AND lease_until > now())",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| fail(&format!("cannot read the runs: {e}")));
+        if held == 0 && parked >= i64::try_from(runs).unwrap_or(i64::MAX) {
+            return;
+        }
+        if Instant::now() > deadline {
+            fail(&format!(
+                "{parked} runs parked and released, {held} threads still held"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The resident memory of process `pid`, in KiB.
+fn rss_kb(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}

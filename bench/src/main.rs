@@ -583,7 +583,7 @@ fn external<F: std::future::Future<Output = ()>>(rt: &tokio::runtime::Runtime, w
 const USAGE: &str = "usage: rein-bench <rounds|rounds_external|rounds_policies|rounds_loops|rounds_control|rounds_events|concurrent|\
 cancel|cancel_pause|cancel_external|cancel_external_pause|cancel_open|mailbox|mailbox_external|\
 policies|chanting|chanting_spaces|chanting_rules|http|http_first_event|http_retention|\
-context|subagent_cancel|subagent_overhead|approval_resume|approval_parked_memory|cluster_approval|cluster_approval_lost_notify|cluster_cancel|cluster_submit|cluster_submit_spread|cluster_submit_spread_held|cluster_takeover> [--tiny]";
+context|subagent_cancel|subagent_overhead|approval_resume|approval_parked_memory|cluster_approval|cluster_approval_lost_notify|cluster_parked_memory|cluster_cancel|cluster_submit|cluster_submit_spread|cluster_submit_spread_held|cluster_takeover> [--tiny]";
 
 /// W9's concurrent clients (HTTP/1.1 connections, each one submission at
 /// a time), spread over the three processes.
@@ -667,6 +667,7 @@ fn main() {
         "approval_parked_memory" => on_worker(&rt, approvals::parked_memory(scale(10_000, 20))),
         "cluster_approval" => on_worker(&rt, cluster::approval(scale(200, 3), false)),
         "cluster_approval_lost_notify" => on_worker(&rt, cluster::approval(scale(50, 2), true)),
+        "cluster_parked_memory" => on_worker(&rt, cluster::parked_memory(scale(2000, 10))),
         "cluster_cancel" => on_worker(&rt, cluster::cancel(scale(200, 3))),
         "cluster_submit" => on_worker(
             &rt,

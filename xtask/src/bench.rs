@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// The workloads, in order, with their names in the table
 /// (`external`: driven from the thread that owns the runtime, not a worker).
-pub(crate) const WORKLOADS: [(&str, &str); 33] = [
+pub(crate) const WORKLOADS: [(&str, &str); 34] = [
     ("rounds", "W1"),
     ("rounds_external", "W1 external"),
     ("rounds_policies", "W1b"),
@@ -48,6 +48,7 @@ pub(crate) const WORKLOADS: [(&str, &str); 33] = [
     ),
     ("cluster_takeover", "W10"),
     ("cluster_approval", "W13b"),
+    ("cluster_parked_memory", "W13c in the service"),
     (
         "cluster_approval_lost_notify",
         "W13b with the notification lost",

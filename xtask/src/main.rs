@@ -176,7 +176,8 @@ commands:
                                        cluster_cancel, cluster_submit,
                                        cluster_submit_spread, cluster_submit_spread_held,
                                        cluster_takeover, cluster_approval,
-                                       cluster_approval_lost_notify (these need
+                                       cluster_approval_lost_notify,
+                                       cluster_parked_memory (these need
                                        REIN_DATABASE_URL)";
 
 /// Runs `cargo` with `args`, failing with the command line when it fails.

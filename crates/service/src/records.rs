@@ -599,7 +599,7 @@ impl Records {
     }
 
     /// Drops `entry` from the kept runs (it is read from the database
-    /// from now on); `true` if someone else still holds it (a reader).
+    /// from now on); `true` if a reader watches it (a stream).
     pub(crate) fn forget(&self, entry: &Arc<RunEntry>) -> bool {
         let mut inner = self.inner();
         if inner
@@ -609,7 +609,7 @@ impl Records {
         {
             inner.runs.remove(&entry.run_id);
         }
-        Arc::strong_count(entry) > 1
+        entry.changed.receiver_count() > 0
     }
 
     /// The entry of a run, if it is kept.

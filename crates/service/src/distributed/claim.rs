@@ -468,11 +468,12 @@ impl Distributed {
             );
         }
         entry.clear_driven_here();
+        pump.finished(entry);
         if self.core.records.forget(entry) {
-            // Someone here reads it: copy it from the database.
+            // A stream here reads it: copy it from the database.
             self.start_following(entry);
         }
-        pump.finished(entry);
+        self.core.records.release_tail(thread_id);
         pump.wake.notify_one();
     }
 
