@@ -1042,3 +1042,94 @@ async fn waiting_on_a_run_that_let_go_says_so_instead_of_inventing_a_result() {
         Err(RuntimeError::RunParked { run_id }) if run_id == "r1"
     ));
 }
+
+#[tokio::test]
+async fn a_timeout_that_passes_while_no_task_waits_answers_its_call_and_the_run_lets_go_again() {
+    let ran = Ran::default();
+    let (model, _) = counting_model(vec![
+        ScriptedResponse::tool_calls(vec![
+            ("shell", json!({"cmd": "ls"})),
+            ("fs__write_file", json!({"path": "/tmp/a", "text": "x"})),
+        ]),
+        ScriptedResponse::text("done"),
+    ]);
+    let spec = AgentSpec::new("a")
+        .with_approval(
+            ApprovalRule::new("shell", ApprovalAction::Ask).with_timeout(1, OnTimeout::Reject),
+        )
+        .with_approval(ApprovalRule::new("fs__*", ApprovalAction::Ask));
+    let rt = runtime(spec, model, &ran);
+    let sink = Arc::new(CollectingSink::new());
+    let first = rt
+        .mailbox()
+        .submit(
+            RunRequest::new("t", vec![Message::user("go")])
+                .with_run_id("a")
+                .with_event_sink(sink.clone())
+                .release_when_parked(),
+        )
+        .await
+        .unwrap();
+    let RunExit::Parked(parked) = first.wait_or_parked().await.unwrap() else {
+        panic!("did not let go");
+    };
+    let shell = parked.pending[0].call_id.clone();
+    let write = parked.pending[1].call_id.clone();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Carried on once the timeout is due: it answers `shell` and, with
+    // `write` still waiting, lets go again — knowing `shell` timed out.
+    let again = rt
+        .mailbox()
+        .submit(
+            RunRequest::resume(*parked)
+                .with_event_sink(sink.clone())
+                .release_when_parked(),
+        )
+        .await
+        .unwrap();
+    let RunExit::Parked(parked) = again.wait_or_parked().await.unwrap() else {
+        panic!("a run still waiting on a call did not let go again");
+    };
+    let mut parked = *parked;
+    assert_eq!(parked.timed_out, vec![shell.clone()]);
+    assert_eq!(
+        parked
+            .undecided()
+            .map(|p| p.call_id.clone())
+            .collect::<Vec<_>>(),
+        vec![write.clone()]
+    );
+    rt.decide_parked(&mut parked, &write, Decision::Approve, None)
+        .unwrap();
+    assert!(parked.is_decided());
+    let result = rt
+        .mailbox()
+        .submit(RunRequest::resume(parked).with_event_sink(sink.clone()))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    assert_eq!(
+        ran.lock().unwrap().clone(),
+        vec![(
+            "fs__write_file".to_owned(),
+            json!({"path": "/tmp/a", "text": "x"})
+        )]
+    );
+    let decided: Vec<(String, String)> = sink
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::ApprovalDecided {
+                call_id, decision, ..
+            } => Some((call_id.clone(), decision.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        vec![(shell, "timeout".to_owned()), (write, "approve".to_owned())]
+    );
+}

@@ -164,9 +164,17 @@ impl InProcess {
                     "the parked run could not be carried on: {e}"
                 ));
                 self.finish_unstarted(&entry, reason, None);
-                let mut state = lane.state();
-                if state.active.as_deref() == Some(entry.run_id.as_str()) {
-                    state.active = None;
+                let freed = {
+                    let mut state = lane.state();
+                    let freed = state.active.as_deref() == Some(entry.run_id.as_str());
+                    if freed {
+                        state.active = None;
+                    }
+                    freed
+                };
+                // Its queue goes on (the caller holds the lock).
+                if freed {
+                    Box::pin(self.start_next(lane)).await;
                 }
             }
         }

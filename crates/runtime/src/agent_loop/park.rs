@@ -66,12 +66,13 @@ impl Run {
             self.id.agent_id.clone(),
             pending,
         );
-        for (call_id, decision, decider) in taken {
+        for (call_id, decision, decider) in taken.decisions {
             if let Some(decider) = decider {
                 run.deciders.push((call_id.clone(), decider));
             }
             run.decisions.push((call_id, decision));
         }
+        run.timed_out = taken.timed_out;
         run.steps = self.steps;
         run.usage = self.usage;
         run.active = self.started.elapsed();
@@ -158,8 +159,16 @@ impl Run {
             }
         }
         self.parked_round = Some(at);
-        // Still waiting: let go again (a timeout due or a cancel is
-        // handled here first).
+        // A rule's timeout that passed while no task waited applies now
+        // (unless the run is carried on to end).
+        if !self.control.token.is_cancelled() {
+            let (_, stop) = parked.expire(Instant::now());
+            if let Some(detail) = stop {
+                self.parked_pending = parked.pending();
+                return Err(TerminationReason::stopped("approval_timeout", detail));
+            }
+        }
+        // Still waiting: let go again (a cancel is handled here first).
         if let Some(reason) = self.try_let_go(&parked) {
             return Err(reason);
         }

@@ -237,6 +237,10 @@ pub struct ParkedRun {
     pub decisions: Vec<(String, Decision)>,
     /// Who took them and when, by call id.
     pub deciders: Vec<(String, Decider)>,
+    /// Calls its rule's timeout answered (`on_timeout: reject`) while it
+    /// waited: no person decides them any more (carried on, the run
+    /// answers them as timed out).
+    pub timed_out: Vec<String>,
     /// Inferences made before the park.
     pub steps: u32,
     /// Usage before the park.
@@ -260,6 +264,7 @@ impl ParkedRun {
             pending,
             decisions: Vec::new(),
             deciders: Vec::new(),
+            timed_out: Vec::new(),
             steps: 0,
             usage: Default::default(),
             active: Duration::ZERO,
@@ -270,16 +275,16 @@ impl ParkedRun {
 impl ParkedRun {
     /// Whether every call it waits on has a decision.
     pub fn is_decided(&self) -> bool {
-        self.pending
-            .iter()
-            .all(|p| self.decisions.iter().any(|(c, _)| *c == p.call_id))
+        self.undecided().next().is_none()
     }
 
-    /// The calls still waiting for a decision.
+    /// The calls still waiting for a decision (neither decided nor timed
+    /// out).
     pub fn undecided(&self) -> impl Iterator<Item = &PendingApproval> {
-        self.pending
-            .iter()
-            .filter(|p| !self.decisions.iter().any(|(c, _)| *c == p.call_id))
+        self.pending.iter().filter(|p| {
+            !self.decisions.iter().any(|(c, _)| *c == p.call_id)
+                && !self.timed_out.contains(&p.call_id)
+        })
     }
 
     /// Records `decision` on `call_id` with [`Parked::decide`]'s checks
@@ -327,6 +332,15 @@ pub fn check_arguments(
     arguments: &serde_json::Value,
 ) -> Result<(), String> {
     schema::check(parameters, arguments)
+}
+
+/// What a run that lets go takes with it ([`Parked::let_go`]).
+#[derive(Debug, Default)]
+pub(crate) struct LetGo {
+    /// The decisions taken, with who took them.
+    pub(crate) decisions: Vec<(String, Decision, Option<Decider>)>,
+    /// The calls a rule's timeout answered.
+    pub(crate) timed_out: Vec<String>,
 }
 
 /// The parked state of a run: its held calls and their decisions. Shared
@@ -431,24 +445,26 @@ impl Parked {
     /// (`None`: the run goes on here). From then on no decision is taken
     /// here (they are `UnknownApproval`, for whoever carries the run on);
     /// returns the ones taken so far.
-    pub(crate) fn let_go(&self) -> Option<Vec<(String, Decision, Option<Decider>)>> {
+    pub(crate) fn let_go(&self) -> Option<LetGo> {
         let held = self.held();
         if held.iter().all(|h| h.decision.is_some()) {
             return None;
         }
         self.gone.store(true, std::sync::atomic::Ordering::SeqCst);
-        Some(
-            held.iter()
-                .filter(|h| !h.timed_out)
-                .filter_map(|h| {
-                    Some((
-                        h.pending.call_id.clone(),
-                        h.decision.clone()?,
-                        h.decider.clone(),
-                    ))
-                })
-                .collect(),
-        )
+        let mut taken = LetGo::default();
+        for h in held.iter() {
+            let call_id = h.pending.call_id.clone();
+            match &h.decision {
+                Some(_) if h.timed_out => taken.timed_out.push(call_id),
+                Some(decision) => {
+                    taken
+                        .decisions
+                        .push((call_id, decision.clone(), h.decider.clone()))
+                }
+                None => {}
+            }
+        }
+        Some(taken)
     }
 
     /// The calls still waiting for a decision.

@@ -450,7 +450,9 @@ impl Distributed {
                             runs.release_parked(
                                 thread_id,
                                 &entry.run_id,
-                                parked.pending.len(),
+                                // The calls a person still decides (not
+                                // those a rule's timeout answered).
+                                parked.pending.len() - parked.timed_out.len(),
                                 wake_at,
                             )
                         })
