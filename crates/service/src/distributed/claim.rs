@@ -41,6 +41,27 @@ pub(super) struct Pump {
     /// looks for it first ([`PgRuns::claimed_here`]).
     claim_failed: AtomicBool,
     active: Mutex<Option<Arc<RunEntry>>>,
+    /// Runs of the thread whose drivers have not finished writing (an
+    /// interrupted run still storing its end while the next one runs):
+    /// the thread is not given up before they have.
+    writing: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts a driver in its pump's `writing` for as long as it lives.
+struct Writing(Arc<Pump>);
+
+impl Writing {
+    fn new(pump: &Arc<Pump>) -> Self {
+        pump.writing.fetch_add(1, Ordering::SeqCst);
+        Self(pump.clone())
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        self.0.writing.fetch_sub(1, Ordering::SeqCst);
+        self.0.wake.notify_one();
+    }
 }
 
 impl Pump {
@@ -357,7 +378,9 @@ impl Distributed {
             return;
         };
         let thread_id = thread_id.to_owned();
+        let writing = Writing::new(&pump);
         self.drivers.spawn(async move {
+            let _writing = writing;
             let runs = mode.db.runs().clone();
             let writer = Writer::start(&runs, &thread_id, &entry);
             let result = match handle.wait_or_parked().await {
@@ -551,7 +574,8 @@ impl Distributed {
             // thread again through a fresh pump.
             {
                 let _turn = pump.stepping.lock().await;
-                if pump.active().is_some() {
+                // A driver still writing wakes the pump when it is done.
+                if pump.active().is_some() || pump.writing.load(Ordering::SeqCst) > 0 {
                     continue;
                 }
                 pump.closed.store(true, Ordering::SeqCst);
