@@ -918,3 +918,51 @@ async fn a_parked_run_no_process_holds_ends_on_its_timeout_a_cancel_or_new_input
     );
     let _ = std::fs::remove_file(&path);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agui_interrupt_from_one_process_is_resumed_on_another_and_the_call_runs_once() {
+    let Some(url) = database() else { return };
+    let _alone = DATABASE.write().await;
+    let db = rein_postgres::connect(&url).await.unwrap();
+    let path = parking_config("agui");
+    let (a, b) = (Node::start(&path), Node::start(&path));
+    let t = thread("park-agui");
+    let first = agui(
+        &a,
+        "ops",
+        json!({"threadId": t, "runId": format!("{t}-r1"),
+               "messages": [{"id": "u1", "role": "user", "content": "finish"}]}),
+    )
+    .await;
+    let finished = first.last().unwrap();
+    assert_eq!(finished["type"], "RUN_FINISHED", "{first:?}");
+    assert_eq!(finished["outcome"]["type"], "interrupt", "{finished}");
+    let interrupt = finished["outcome"]["interrupts"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The run let go on A: the resume reaches B, which no process holds
+    // the run for.
+    let run_id = format!("{t}-r1");
+    released(&db, &t, &run_id).await;
+    let second = agui(
+        &b,
+        "ops",
+        json!({"threadId": t, "runId": format!("{t}-r2"), "messages": [],
+               "resume": [{"interruptId": interrupt, "status": "resolved",
+                           "payload": {"decision": "approve"}}]}),
+    )
+    .await;
+    assert_eq!(second[0]["type"], "RUN_STARTED", "{second:?}");
+    assert!(
+        second.iter().any(|e| e["type"] == "TOOL_CALL_RESULT"),
+        "{second:?}"
+    );
+    let end = second.last().unwrap();
+    assert_eq!(end["type"], "RUN_FINISHED", "{second:?}");
+    assert_eq!(end["result"]["stop_code"], "terminate", "{end}");
+    let events = a.events(&run_id, None, Duration::from_secs(5)).await;
+    assert_eq!(started_calls(&events), 1, "the call ran once: {events:?}");
+    assert_valid(&Value::Array(history(&a, &t).await));
+    let _ = std::fs::remove_file(&path);
+}

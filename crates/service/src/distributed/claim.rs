@@ -4,6 +4,11 @@
 //! mailbox lets interrupt the active run), drives each run (events
 //! written as they come, then the record with the last events in one
 //! fenced statement), and gives the thread up when it has no work left.
+//!
+//! **Invariant:** a pump gives its thread up only when it has no active
+//! run and no driver of its runs is still writing (an interrupted run
+//! stores its end while the next one runs): a write after the thread was
+//! given up would be refused by the fence and the run's end lost.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
