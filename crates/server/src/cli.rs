@@ -21,6 +21,19 @@ use crate::{assemble, serve};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines (on stderr; level from `RUST_LOG`, default `warn`)
+    /// are written: `text`, or `json` (one JSON object per line).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// The format of the log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, with the event's fields.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -89,7 +102,7 @@ enum Command {
 /// Runs the binary with the process's arguments.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logs();
+    init_logs(cli.log_format);
     match cli.command {
         Command::Check { config, probe } => check(&config, probe),
         Command::Serve {
@@ -118,16 +131,20 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_logs() {
+fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    // Colour codes only for a terminal: logs piped to a file or another
-    // program, or between `rein run`'s lines, stay plain text.
-    let _ = tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => logs.json().flatten_event(true).try_init(),
+        // Colour codes only for a terminal: logs piped to a file or
+        // another program, or between `rein run`'s lines, stay plain text.
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
 }
 
 fn block_on(command: impl Future<Output = ExitCode>) -> ExitCode {

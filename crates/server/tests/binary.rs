@@ -851,3 +851,97 @@ agents:
         "{text}"
     );
 }
+
+/// Sends one HTTP/1.1 request to `addr`; returns the answer's text.
+fn http(addr: &str, method: &str, path: &str, body: &str) -> String {
+    let mut socket = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        socket,
+        "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut socket, &mut answer).unwrap();
+    answer
+}
+
+#[test]
+fn serve_at_info_logs_one_json_line_per_run_start_and_end_and_per_refusal() {
+    let config = file(
+        "logs",
+        "providers:\n  p: { kind: scripted, responses: [ { text: \"Done.\", usage: { input: 12, output: 3 } } ] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m }\n",
+    );
+    let mut child = rein()
+        .args([
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--config",
+        ])
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = lines.next().unwrap().unwrap();
+    let addr = url.trim_start_matches("listening on http://").to_owned();
+    let answer = http(
+        &addr,
+        "POST",
+        "/v1/threads/t/runs?wait=true",
+        r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let refused = http(
+        &addr,
+        "POST",
+        "/v1/threads/t/runs",
+        r#"{"agent_id":"nobody","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert!(refused.starts_with("HTTP/1.1 404"), "{refused}");
+    signal(child.id(), "TERM");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{stderr}");
+    let logs: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let find = |message: &str| {
+        logs.iter()
+            .find(|l| l["message"] == message)
+            .unwrap_or_else(|| panic!("no {message:?} line: {stderr}"))
+            .clone()
+    };
+    let started = find("run started");
+    assert_eq!(
+        (
+            &started["level"],
+            &started["thread_id"],
+            &started["agent_id"]
+        ),
+        (&"INFO".into(), &"t".into(), &"a".into()),
+        "{started}"
+    );
+    let finished = find("run finished");
+    assert_eq!(finished["run_id"], started["run_id"], "{finished}");
+    assert_eq!(finished["termination"], "natural_end", "{finished}");
+    assert_eq!(finished["rounds"], 1, "{finished}");
+    assert_eq!(
+        (&finished["input_tokens"], &finished["output_tokens"]),
+        (&12.into(), &3.into()),
+        "{finished}"
+    );
+    assert!(finished["duration_ms"].is_u64(), "{finished}");
+    let refusal = find("request refused");
+    assert_eq!(
+        (&refusal["status"], &refusal["code"]),
+        (&404.into(), &"unknown_agent".into()),
+        "{refusal}"
+    );
+}

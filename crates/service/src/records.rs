@@ -208,6 +208,9 @@ pub struct RunEntry {
     driven_here: std::sync::atomic::AtomicBool,
     /// Whether a follower copies it from the database.
     followed: std::sync::atomic::AtomicBool,
+    /// When this process made the entry (a run's log line says how long
+    /// it ran here).
+    born: std::time::Instant,
 }
 
 #[derive(Debug)]
@@ -253,6 +256,7 @@ impl RunEntry {
             changed: watch::channel(0).0,
             driven_here: std::sync::atomic::AtomicBool::new(false),
             followed: std::sync::atomic::AtomicBool::new(false),
+            born: std::time::Instant::now(),
         })
     }
 
@@ -730,6 +734,7 @@ impl Records {
             outputs: Default::default(),
             report: Some(StopReport::new(&termination)),
         };
+        log_run(entry, &event, false);
         let logged = entry.append(event);
         self.tail(&entry.thread_id).send(logged);
         let result = unstarted_result(entry, termination, cancel_cause);
@@ -840,8 +845,58 @@ impl EventSink for RunSink {
         {
             self.tree.route(&self.entry, &event);
         }
+        log_run(&self.entry, &event, descendant);
         let logged = self.entry.append(event);
         self.tail.send(logged);
+    }
+}
+
+/// One `info` line (target `rein::runs`) when a run starts, parks and
+/// ends: its thread, run and agent; at the end its termination code,
+/// rounds, tokens, and how long it ran in this process.
+fn log_run(entry: &RunEntry, event: &AgentEvent, descendant: bool) {
+    let (thread_id, run_id) = (event.thread_id(), event.run_id());
+    match event {
+        AgentEvent::RunStarted { agent_id, .. } => {
+            tracing::info!(target: "rein::runs", thread_id, run_id, agent_id, "run started");
+        }
+        AgentEvent::RunParked { pending, .. } => tracing::info!(
+            target: "rein::runs",
+            thread_id,
+            run_id,
+            pending = pending.len(),
+            "run parked for approvals"
+        ),
+        AgentEvent::RunFinished {
+            termination,
+            steps,
+            usage,
+            ..
+        } => {
+            let agent_id = if descendant {
+                ""
+            } else {
+                entry.agent_id.as_str()
+            };
+            let duration_ms = if descendant {
+                None
+            } else {
+                Some(u64::try_from(entry.born.elapsed().as_millis()).unwrap_or(u64::MAX))
+            };
+            tracing::info!(
+                target: "rein::runs",
+                thread_id,
+                run_id,
+                agent_id,
+                termination = termination.code(),
+                rounds = steps,
+                input_tokens = usage.input_tokens,
+                output_tokens = usage.output_tokens,
+                duration_ms,
+                "run finished"
+            );
+        }
+        _ => {}
     }
 }
 

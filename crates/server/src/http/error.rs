@@ -96,6 +96,12 @@ impl From<ServiceError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        // One line per refusal (never with a token or a request body).
+        if status.is_server_error() {
+            tracing::warn!(target: "rein::http", status = self.status, code = self.code, message = %self.message, "request failed");
+        } else {
+            tracing::info!(target: "rein::http", status = self.status, code = self.code, "request refused");
+        }
         (
             status,
             [(header::CONTENT_TYPE, "application/json")],
