@@ -18,6 +18,8 @@ pub struct Database {
     leases: Arc<Leases>,
     store: PgThreadStore,
     runs: PgRuns,
+    /// Threads taken over from a lost process.
+    takeovers: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Database {
@@ -30,7 +32,13 @@ impl Database {
             runs: PgRuns::new(pool.clone(), leases.clone()),
             leases,
             pool,
+            takeovers: Arc::default(),
         }
+    }
+
+    /// How many threads this process took over from a lost process.
+    pub fn takeovers(&self) -> u64 {
+        self.takeovers.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The pool.
@@ -82,6 +90,8 @@ impl Database {
                 .repair_lost(thread_id, &held_calls)
                 .await
                 .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+            self.takeovers
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(
                 thread_id,
                 repaired,

@@ -828,3 +828,107 @@ async fn an_idempotency_key_sent_again_with_other_messages_is_refused() {
     assert_eq!(server.user_messages("k").await, ["pay 10"]);
     server.stop().await;
 }
+
+/// The value of the metric line starting with `series ` in `text`.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn metrics_count_runs_by_termination_tokens_latencies_and_pending_approvals() {
+    let server = Server::start(
+        r#"
+providers:
+  p:
+    kind: scripted
+    responses:
+      - { text: "Finishing.", usage: { input: 12, output: 3 }, tool_calls: [ { name: terminate, arguments: { status: success, message: done } } ] }
+models:
+  m: { provider: p, model: x }
+agents:
+  - { id: a, model_id: m, plugin_ids: [terminate] }
+  - { id: ops, model_id: m, plugin_ids: [terminate], approvals: [ { tool: terminate, action: ask } ] }
+"#,
+    )
+    .await;
+    let (status, record) = server
+        .post(
+            "/v1/threads/t/runs?wait=true",
+            serde_json::json!({"agent_id": "a", "messages": [{"role": "user", "content": "go"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(
+        record["termination"]["value"]["code"], "terminate",
+        "{record}"
+    );
+    let (_, parked) = server
+        .post(
+            "/v1/threads/u/runs",
+            serde_json::json!({"agent_id": "ops", "messages": [{"role": "user", "content": "go"}]}),
+        )
+        .await;
+    let parked_id = parked["run_id"].as_str().unwrap().to_owned();
+    for _ in 0..400 {
+        let (_, r) = server.get(&format!("/v1/runs/{parked_id}")).await;
+        if r["status"] == "awaiting_approval" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let response = server
+        .client
+        .get(server.at("/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let text = response.text().await.unwrap();
+    assert_eq!(
+        metric(
+            &text,
+            r#"rein_runs_finished_total{termination="terminate"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(&text, r#"rein_tokens_total{direction="input"}"#),
+        12.0
+    );
+    assert_eq!(
+        metric(&text, r#"rein_tokens_total{direction="output"}"#),
+        3.0
+    );
+    // Two inferences (one per run) and one tool call (the parked one has
+    // not run).
+    assert_eq!(metric(&text, "rein_inference_duration_seconds_count"), 2.0);
+    assert_eq!(
+        metric(
+            &text,
+            r#"rein_inference_duration_seconds_bucket{le="+Inf"}"#
+        ),
+        2.0
+    );
+    assert_eq!(metric(&text, "rein_tool_call_duration_seconds_count"), 1.0);
+    assert_eq!(metric(&text, "rein_approvals_pending"), 1.0);
+    assert_eq!(
+        metric(&text, "rein_runs_active"),
+        0.0,
+        "a parked run is not active"
+    );
+    assert_eq!(metric(&text, "rein_lease_takeovers_total"), 0.0);
+    // Every line is a comment or `series value`.
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (_, value) = line.rsplit_once(' ').unwrap();
+        assert!(value.parse::<f64>().is_ok(), "{line}");
+    }
+    server.stop().await;
+}

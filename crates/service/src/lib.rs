@@ -57,6 +57,7 @@ mod core;
 mod distributed;
 mod error;
 mod in_process;
+mod metrics;
 mod mode;
 mod records;
 mod settings;
@@ -327,6 +328,30 @@ impl Service {
         by: Option<&str>,
     ) -> Result<Decided, ServiceError> {
         self.mode.decide(run_id, call_id, decision, by).await
+    }
+
+    /// This process's metrics in the Prometheus text format (version
+    /// 0.0.4): runs finished by termination code, active, queued and
+    /// parked runs, tokens, inference and tool latency histograms,
+    /// detector firings by code, lease take-overs.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::StoreUnavailable`] when the pending approvals cannot be
+    /// read (distributed mode: the database).
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
+    pub async fn metrics(&self) -> Result<String, ServiceError> {
+        let (queued, active) = self.core.records.counts();
+        let parked = self.mode.pending_approvals(None).await?.len() as u64;
+        Ok(self.core.records.metrics.text(metrics::Gauges {
+            active,
+            queued,
+            parked,
+            takeovers: self.mode.takeovers(),
+        }))
     }
 
     /// The calls parked runs wait on, of every thread or of `thread_id`'s

@@ -72,6 +72,11 @@ pub(crate) trait Mode: Send + Sync + std::fmt::Debug {
     /// Whether the mode's store answers.
     async fn health(&self) -> Result<(), ServiceError>;
 
+    /// Threads this process took over from a lost process.
+    fn takeovers(&self) -> u64 {
+        0
+    }
+
     /// Ends queued runs (or leaves them to others), cancels and awaits
     /// running ones; the core's loops are stopped after it.
     async fn shutdown(&self);

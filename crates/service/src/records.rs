@@ -377,6 +377,11 @@ impl RunEntry {
         self.driven_here.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// Whether a follower copies it from the database.
+    pub(crate) fn followed(&self) -> bool {
+        self.followed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Marks it followed; `true` for the first caller only.
     pub(crate) fn start_following(&self) -> bool {
         !self
@@ -461,6 +466,8 @@ pub(crate) struct Records {
     inner: Mutex<Inner>,
     /// Where every run's events are also written (`rein serve --record`).
     pub(crate) recorder: std::sync::OnceLock<Recorder>,
+    /// What the runs did, counted from their events.
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// The sink that records every run's events.
@@ -531,7 +538,22 @@ impl Records {
             retention,
             inner: Mutex::new(Inner::default()),
             recorder: std::sync::OnceLock::new(),
+            metrics: Arc::default(),
         }
+    }
+
+    /// How many kept runs are queued, and how many run here now.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        let inner = self.inner();
+        let mut counts = (0, 0);
+        for entry in inner.runs.values() {
+            match entry.status() {
+                RunStatus::Queued => counts.0 += 1,
+                RunStatus::Running if entry.driven_here() || !entry.followed() => counts.1 += 1,
+                _ => {}
+            }
+        }
+        counts
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -649,6 +671,8 @@ impl Records {
             tail: self.tail(&entry.thread_id),
             recorder: self.recorder.get().map(|r| r.0.clone()),
             tree: crate::subagents::Tree::new(self.clone(), on_child),
+            metrics: self.metrics.clone(),
+            timing: Mutex::default(),
         })
     }
 
@@ -735,6 +759,7 @@ impl Records {
             report: Some(StopReport::new(&termination)),
         };
         log_run(entry, &event, false);
+        self.metrics.record(&event);
         let logged = entry.append(event);
         self.tail(&entry.thread_id).send(logged);
         let result = unstarted_result(entry, termination, cancel_cause);
@@ -829,10 +854,57 @@ struct RunSink {
     tail: Arc<ThreadTail>,
     recorder: Option<Arc<dyn EventSink>>,
     tree: crate::subagents::Tree,
+    metrics: Arc<crate::metrics::Metrics>,
+    timing: Mutex<Timing>,
+}
+
+/// When the inferences and tool calls in flight in a run's tree began.
+#[derive(Default)]
+struct Timing {
+    /// By run: the round whose model request is in flight.
+    rounds: HashMap<String, Instant>,
+    /// By call id.
+    calls: HashMap<String, Instant>,
+}
+
+impl RunSink {
+    /// Times inferences (a round's start to the first event after its
+    /// streamed answer) and tool calls (start to result).
+    fn time(&self, event: &AgentEvent) {
+        let mut timing = self.timing.lock().unwrap_or_else(|e| e.into_inner());
+        let run = event.run_id();
+        match event {
+            AgentEvent::TextDelta { .. }
+            | AgentEvent::PromptEstimated { .. }
+            | AgentEvent::Progress { .. }
+            | AgentEvent::ContextCompacted { .. }
+            | AgentEvent::ContextSummarized { .. } => return,
+            _ => {}
+        }
+        if let Some(began) = timing.rounds.remove(run) {
+            self.metrics.inference(began.elapsed());
+        }
+        match event {
+            AgentEvent::StepStarted { .. } | AgentEvent::RetryStarted { .. } => {
+                timing.rounds.insert(run.to_owned(), Instant::now());
+            }
+            AgentEvent::ToolCallStarted { call_id, .. } => {
+                timing.calls.insert(call_id.clone(), Instant::now());
+            }
+            AgentEvent::ToolCallFinished { call_id, .. } => {
+                if let Some(began) = timing.calls.remove(call_id) {
+                    self.metrics.tool(began.elapsed());
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 impl EventSink for RunSink {
     fn emit(&self, event: AgentEvent) {
+        self.metrics.record(&event);
+        self.time(&event);
         if let Some(recorder) = &self.recorder {
             recorder.emit(event.clone());
         }

@@ -45,6 +45,7 @@ pub fn router(
     let guard = std::sync::Arc::new(guard::Guard::new(settings)?);
     Ok(Router::new()
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .route("/v1/agents", get(agents))
         .route("/v1/threads/{thread_id}/runs", post(submit))
         .route("/v1/runs/{run_id}", get(run_record))
@@ -90,6 +91,20 @@ async fn not_found() -> ApiError {
 async fn healthz(State(service): State<Service>) -> Result<Json<serde_json::Value>, ApiError> {
     service.health().await?;
     Ok(Json(serde_json::json!({"status": "ok"})))
+}
+
+/// `GET /metrics`: this process's metrics, Prometheus text format.
+async fn metrics(State(service): State<Service>) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let text = service.metrics().await?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }
 
 #[derive(Serialize)]

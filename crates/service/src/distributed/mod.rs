@@ -414,6 +414,10 @@ impl Mode for Distributed {
         self.db.ping().await.map_err(|e| unavailable(&e))
     }
 
+    fn takeovers(&self) -> u64 {
+        self.db.takeovers()
+    }
+
     async fn shutdown(&self) {
         self.core.runtime.shutdown().await;
         // Lets the runs started here write their records (the engine has
