@@ -871,16 +871,20 @@ impl RunSink {
     /// Times inferences (a round's start to the first event after its
     /// streamed answer) and tool calls (start to result).
     fn time(&self, event: &AgentEvent) {
+        // The streamed text (most events) and what happens before a
+        // request is sent neither start nor end anything.
+        if matches!(
+            event,
+            AgentEvent::TextDelta { .. }
+                | AgentEvent::PromptEstimated { .. }
+                | AgentEvent::Progress { .. }
+                | AgentEvent::ContextCompacted { .. }
+                | AgentEvent::ContextSummarized { .. }
+        ) {
+            return;
+        }
         let mut timing = self.timing.lock().unwrap_or_else(|e| e.into_inner());
         let run = event.run_id();
-        match event {
-            AgentEvent::TextDelta { .. }
-            | AgentEvent::PromptEstimated { .. }
-            | AgentEvent::Progress { .. }
-            | AgentEvent::ContextCompacted { .. }
-            | AgentEvent::ContextSummarized { .. } => return,
-            _ => {}
-        }
         if let Some(began) = timing.rounds.remove(run) {
             self.metrics.inference(began.elapsed());
         }
