@@ -99,6 +99,19 @@ async fn until_pending(
     );
 }
 
+/// Starts `request` to let go when it parks; the parked run it hands over.
+async fn let_go(rt: &AgentRuntime, request: RunRequest) -> rein::approvals::ParkedRun {
+    let handle = rt
+        .mailbox()
+        .submit(request.release_when_parked())
+        .await
+        .unwrap();
+    match handle.wait_or_parked().await.unwrap() {
+        RunExit::Parked(parked) => *parked,
+        other => panic!("the run did not let go when it parked: {other:?}"),
+    }
+}
+
 fn kinds(events: &[AgentEvent]) -> Vec<&'static str> {
     events.iter().map(AgentEvent::kind).collect()
 }
@@ -893,20 +906,13 @@ async fn a_run_released_when_parked_holds_no_task_nor_slot_and_its_carried_on_ru
     ]);
     let rt = runtime(ops(), model, &ran);
     let sink = Arc::new(CollectingSink::new());
-    let handle = rt
-        .mailbox()
-        .submit(
-            RunRequest::new("t", vec![Message::user("check the disk")])
-                .with_run_id("r1")
-                .with_event_sink(sink.clone())
-                .release_when_parked(),
-        )
-        .await
-        .unwrap();
-    let RunExit::Parked(parked) = handle.wait_or_parked().await.unwrap() else {
-        panic!("the run did not let go when it parked");
-    };
-    let mut parked = *parked;
+    let mut parked = let_go(
+        &rt,
+        RunRequest::new("t", vec![Message::user("check the disk")])
+            .with_run_id("r1")
+            .with_event_sink(sink.clone()),
+    )
+    .await;
     // Nothing of it is left in the runtime: no slot, no pending entry.
     assert!(!rt.is_thread_active("t"));
     assert!(rt.pending_approvals(None).is_empty());
@@ -946,14 +952,7 @@ async fn a_run_released_when_parked_holds_no_task_nor_slot_and_its_carried_on_ru
         Err(ApprovalError::AlreadyDecided { .. })
     ));
     // Carried on while a call still waits: it lets go again at once.
-    let again = rt
-        .mailbox()
-        .submit(RunRequest::resume(parked.clone()).release_when_parked())
-        .await
-        .unwrap();
-    let RunExit::Parked(still) = again.wait_or_parked().await.unwrap() else {
-        panic!("a carried-on run still waiting did not let go again");
-    };
+    let still = let_go(&rt, RunRequest::resume(parked.clone())).await;
     assert_eq!(still.decisions.len(), 1);
     assert_eq!(ran.lock().unwrap().len(), 1, "nothing ran meanwhile");
     rt.decide_parked(
@@ -1060,37 +1059,23 @@ async fn a_timeout_that_passes_while_no_task_waits_answers_its_call_and_the_run_
         .with_approval(ApprovalRule::new("fs__*", ApprovalAction::Ask));
     let rt = runtime(spec, model, &ran);
     let sink = Arc::new(CollectingSink::new());
-    let first = rt
-        .mailbox()
-        .submit(
-            RunRequest::new("t", vec![Message::user("go")])
-                .with_run_id("a")
-                .with_event_sink(sink.clone())
-                .release_when_parked(),
-        )
-        .await
-        .unwrap();
-    let RunExit::Parked(parked) = first.wait_or_parked().await.unwrap() else {
-        panic!("did not let go");
-    };
+    let parked = let_go(
+        &rt,
+        RunRequest::new("t", vec![Message::user("go")])
+            .with_run_id("a")
+            .with_event_sink(sink.clone()),
+    )
+    .await;
     let shell = parked.pending[0].call_id.clone();
     let write = parked.pending[1].call_id.clone();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     // Carried on once the timeout is due: it answers `shell` and, with
     // `write` still waiting, lets go again — knowing `shell` timed out.
-    let again = rt
-        .mailbox()
-        .submit(
-            RunRequest::resume(*parked)
-                .with_event_sink(sink.clone())
-                .release_when_parked(),
-        )
-        .await
-        .unwrap();
-    let RunExit::Parked(parked) = again.wait_or_parked().await.unwrap() else {
-        panic!("a run still waiting on a call did not let go again");
-    };
-    let mut parked = *parked;
+    let mut parked = let_go(
+        &rt,
+        RunRequest::resume(parked).with_event_sink(sink.clone()),
+    )
+    .await;
     assert_eq!(parked.timed_out, vec![shell.clone()]);
     assert_eq!(
         parked
