@@ -945,3 +945,47 @@ fn serve_at_info_logs_one_json_line_per_run_start_and_end_and_per_refusal() {
         "{refusal}"
     );
 }
+
+#[test]
+fn check_puts_environment_values_into_the_file_and_names_an_unset_one_at_its_position() {
+    let path = file(
+        "interpolate",
+        "providers:\n  p: { kind: scripted, responses: [\"${REIN_TEST_ANSWER:-Done.}\"] }\nmodels:\n  m: { provider: p, model: \"${REIN_TEST_MODEL}\" }\nagents:\n  - { id: a, model_id: m, max_rounds: ${REIN_TEST_ROUNDS} }\n",
+    );
+    let out = rein()
+        .args(["check", "--config"])
+        .arg(&path)
+        .env("REIN_TEST_MODEL", "x")
+        .env("REIN_TEST_ROUNDS", "3")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = rein()
+        .args(["check", "--config"])
+        .arg(&path)
+        .env_remove("REIN_TEST_MODEL")
+        .env_remove("REIN_TEST_ROUNDS")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let shown = path.display().to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "both unset variables are named: {text}");
+    assert!(
+        lines[0].starts_with(&format!(
+            "{shown}:4:29: the environment variable REIN_TEST_MODEL is not set"
+        )),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with(&format!(
+            "{shown}:6:39: the environment variable REIN_TEST_ROUNDS is not set"
+        )),
+        "{text}"
+    );
+}

@@ -11,6 +11,7 @@
 //! its value (positions from [`positions`]), naming it and listing the
 //! known ones. All reference errors are reported, not just the first.
 
+mod interpolate;
 mod positions;
 mod scripted;
 
@@ -390,6 +391,13 @@ impl Deployment {
     }
 
     fn from_yaml_named(text: &str, file: &str) -> Result<Self, DeploymentError> {
+        let text =
+            &interpolate::interpolate(text, |name| std::env::var(name).ok()).map_err(|errors| {
+                DeploymentError {
+                    file: file.to_owned(),
+                    errors,
+                }
+            })?;
         let first: serde_yaml::Value = serde_yaml::from_str(text)
             .map_err(|e| DeploymentError::one(file, ConfigError::from_yaml_error(&e)))?;
         let kinds: Vec<Vec<Option<String>>> = match first.get("agents") {
