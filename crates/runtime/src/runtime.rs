@@ -827,6 +827,29 @@ impl AgentRuntime {
         parked.decide(run_id, call_id, decision, Decider::now(by))
     }
 
+    /// Checks `decision` on `pending` — a call of a run of agent
+    /// `agent_id`, parked anywhere — as [`decide`](Self::decide) would,
+    /// without taking it (e.g. before storing it for another process).
+    ///
+    /// # Errors
+    ///
+    /// [`ApprovalError::Invalid`] as for [`decide`](Self::decide).
+    pub fn check_decision(
+        &self,
+        agent_id: &str,
+        pending: &PendingApproval,
+        decision: &Decision,
+    ) -> Result<(), ApprovalError> {
+        let mut parked = crate::approvals::ParkedRun::new(
+            pending.run_id.clone(),
+            pending.thread_id.clone(),
+            agent_id,
+            vec![pending.clone()],
+        );
+        self.decide_parked(&mut parked, &pending.call_id, decision.clone(), None)
+            .map(|_| ())
+    }
+
     /// Decides the pending call `call_id` of `parked` — a run that let go
     /// of its task ([`RunRequest::release_when_parked`]) — with the same
     /// checks as [`decide`](Self::decide), recording it (and `by`, who

@@ -828,6 +828,18 @@ async fn a_parked_run_holds_no_lease_survives_kill_9_of_every_process_and_any_pr
     b.signal("-KILL");
     let c = Node::start(&path);
     assert_eq!(parked_call(&c, &run_id).await, call);
+    // A decision the engine would refuse is refused before it is stored.
+    let (status, body) = c
+        .post(
+            &format!("/v1/runs/{run_id}/approvals/{call}"),
+            json!({"decision": "continue"}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("invalid_decision")),
+        "{body}"
+    );
     let (status, body) = c
         .post(
             &format!("/v1/runs/{run_id}/approvals/{call}"),

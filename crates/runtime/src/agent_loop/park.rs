@@ -190,7 +190,7 @@ impl Run {
         );
         let call_id = pending.call_id.clone();
         self.escalations += 1;
-        parked.hold(vec![Held::escalation(pending)]);
+        parked.hold(vec![Held::waiting(pending)]);
         for (id, decision) in decisions.into_iter().filter(|(id, _)| *id == call_id) {
             let decider = decider_of(deciders, &id);
             let _ = parked.decide(&self.id.run_id, &id, decision, decider);
@@ -295,7 +295,7 @@ impl Run {
             serde_json::json!({"code": reason.code, "detail": reason.detail}),
         );
         pending.kind = PendingKind::Escalation;
-        let held = Held::escalation(pending);
+        let held = Held::waiting(pending);
         parked.hold(vec![held.clone()]);
         self.announce_park(std::slice::from_ref(&(0, held))).await?;
         // No call of a round waits: nothing to repair if it ends here.

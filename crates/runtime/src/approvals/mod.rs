@@ -129,8 +129,9 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    /// A detector's escalation waiting for a person.
-    pub(crate) fn escalation(pending: PendingApproval) -> Self {
+    /// `pending` waiting for a person, with no timeout (a detector's
+    /// escalation, or a call checked outside its run).
+    pub(crate) fn waiting(pending: PendingApproval) -> Self {
         Self {
             pending,
             deadline: None,
@@ -301,7 +302,7 @@ impl ParkedRun {
             self.pending
                 .iter()
                 .map(|p| {
-                    let mut held = Held::escalation(p.clone());
+                    let mut held = Held::waiting(p.clone());
                     held.parameters = parameters(&p.tool);
                     held.decision = self
                         .decisions

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use rein_postgres::{StoredEvent, WRITE_RETRY, retry};
 use rein_runtime::RunRequest;
-use rein_runtime::approvals::{ApprovalError, Decided, ParkedRun, check_arguments};
-use rein_runtime_contract::approval::{Decider, Decision, PendingApproval, PendingKind};
+use rein_runtime::approvals::{ApprovalError, Decided, ParkedRun};
+use rein_runtime_contract::approval::{Decider, Decision, PendingApproval};
 use rein_runtime_contract::event::AgentEvent;
 
 use super::claim::Pump;
@@ -79,7 +79,10 @@ impl Distributed {
             waited += PARK_POLL;
         }
         if let Some(p) = &pending {
-            self.check_decision(&entry, p, &decision)?;
+            // What the engine would refuse is refused before it is stored.
+            self.core
+                .runtime
+                .check_decision(&entry.agent_id, p, &decision)?;
         }
         let json = serde_json::to_value(&decision).unwrap_or_default();
         let first = if pending.is_some() {
@@ -120,57 +123,6 @@ impl Distributed {
             self.kick(&entry.thread_id, false, true).await;
         }
         Ok(Decided::taken(call_id, &decision))
-    }
-
-    /// What the engine would refuse, refused before the decision is
-    /// stored: `approve`/`edit` on a question, edited arguments outside
-    /// the tool's parameters.
-    fn check_decision(
-        &self,
-        entry: &RunEntry,
-        pending: &PendingApproval,
-        decision: &Decision,
-    ) -> Result<(), ServiceError> {
-        let invalid = |message: String| -> ServiceError {
-            ApprovalError::Invalid {
-                call_id: pending.call_id.clone(),
-                message,
-            }
-            .into()
-        };
-        let escalation = matches!(
-            decision,
-            Decision::Continue { .. } | Decision::Stop | Decision::TakeOver
-        );
-        if escalation != (pending.kind == PendingKind::Escalation) {
-            return Err(invalid(if escalation {
-                format!(
-                    "`{}` answers an escalation; a tool call is decided with `approve`, `reject`, `edit` or `respond`",
-                    decision.name()
-                )
-            } else {
-                "an escalation is answered with `continue` (optionally with a `message`), `stop` or `take_over`".into()
-            }));
-        }
-        match decision {
-            Decision::Approve | Decision::Edit { .. } if pending.kind == PendingKind::Question => {
-                Err(invalid(
-                    "a question is answered with `respond` (its `result` is the answer) or declined with `reject`".into(),
-                ))
-            }
-            Decision::Edit { arguments } => {
-                let parameters = self
-                    .core
-                    .runtime
-                    .agent_tools(&entry.agent_id)
-                    .and_then(|tools| tools.into_iter().find(|t| t.name == pending.tool))
-                    .map(|t| t.parameters)
-                    .unwrap_or_default();
-                check_arguments(&parameters, arguments)
-                    .map_err(|e| invalid(format!("edited arguments: {e}")))
-            }
-            _ => Ok(()),
-        }
     }
 
     /// Hands a run parked here the decisions stored for it; before the
