@@ -51,7 +51,7 @@ mod store;
 pub use artifacts::PgArtifactStore;
 pub use database::Database;
 pub use leases::Leases;
-pub use listing::RunSpan;
+pub use listing::{ListedRun, ListedThread, RunQuery, RunSpan, ThreadQuery};
 pub use notify::{Listener, Notification};
 pub use retry::{is_transient, retry};
 pub use runs::{

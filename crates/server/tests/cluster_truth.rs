@@ -978,3 +978,111 @@ async fn an_agui_interrupt_from_one_process_is_resumed_on_another_and_the_call_r
     assert_valid(&Value::Array(history(&a, &t).await));
     let _ = std::fs::remove_file(&path);
 }
+
+/// Every item of a listing on `node`, one page of `limit` at a time.
+async fn listed(node: &Node, path: &str, key: &str, limit: usize) -> Vec<Value> {
+    let mut items = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let url = format!("{path}&limit={limit}{cursor}");
+        let (status, page) = node.get(&url).await;
+        assert_eq!(status, 200, "{url}: {page}");
+        items.extend(page[key].as_array().unwrap().iter().cloned());
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = format!("&cursor={next}"),
+            None => return items,
+        }
+    }
+}
+
+fn field(items: &[Value], key: &str) -> Vec<String> {
+    items
+        .iter()
+        .map(|i| i[key].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_process_lists_the_same_runs_and_threads_also_after_kill_9_of_the_one_that_ran_them()
+{
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let path = tree_config("listing", 30, 3);
+    let since =
+        rein::contract::approval::rfc3339(std::time::SystemTime::now() - Duration::from_secs(1));
+    let a = Node::start(&path);
+    let b = Node::start(&path);
+    let t = thread("listing");
+    let lead = a.submit(&t, "lead", "go", "enqueue").await;
+    let lead_id = lead["run_id"].as_str().unwrap().to_owned();
+    // The running child is listed under its parent before it has a record.
+    let child = loop {
+        let (_, page) = b.get(&format!("/v1/runs?parent_run_id={lead_id}")).await;
+        if let Some(child) = page["runs"].get(0) {
+            break child.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(child["status"], "running", "{child}");
+    assert_eq!(child["agent_id"], "helper", "{child}");
+    let child_id = child["run_id"].as_str().unwrap().to_owned();
+    b.finished(&lead_id, Duration::from_secs(20)).await;
+    let mut ids = vec![lead_id.clone()];
+    for _ in 0..2 {
+        let run = a.submit(&t, "lead", "again", "enqueue").await;
+        let id = run["run_id"].as_str().unwrap().to_owned();
+        b.finished(&id, Duration::from_secs(20)).await;
+        ids.push(id);
+    }
+    ids.reverse();
+    a.signal("-KILL");
+
+    let runs = listed(&b, &format!("/v1/runs?thread_id={t}"), "runs", 1).await;
+    assert_eq!(field(&runs, "run_id"), ids, "newest first: {runs:?}");
+    assert!(runs.iter().all(|r| r["status"] == "finished"
+        && r["termination"] == "natural_end"
+        && r["finished_at"].is_string()));
+    let (_, page) = b
+        .get(&format!("/v1/runs?parent_run_id={lead_id}&status=finished"))
+        .await;
+    assert_eq!(
+        field(page["runs"].as_array().unwrap(), "run_id"),
+        [child_id.as_str()]
+    );
+    assert_eq!(page["runs"][0]["termination"], "natural_end", "{page}");
+    let (_, page) = b
+        .get(&format!(
+            "/v1/runs?thread_id={t}&top_level=true&agent_id=lead&termination=natural_end"
+        ))
+        .await;
+    assert_eq!(field(page["runs"].as_array().unwrap(), "run_id"), ids);
+    let (_, page) = b
+        .get(&format!("/v1/runs?thread_id={t}&termination=cancelled"))
+        .await;
+    assert_eq!(page["runs"], json!([]));
+
+    let threads = listed(
+        &b,
+        &format!("/v1/threads?since={since}&agent_id=lead"),
+        "threads",
+        2,
+    )
+    .await;
+    let names = field(&threads, "thread_id");
+    assert_eq!(names.iter().filter(|n| **n == t).count(), 1, "{names:?}");
+    let mine = threads.iter().find(|x| x["thread_id"] == t).unwrap();
+    assert_eq!(mine["runs"], 3, "{mine}");
+    assert_eq!(mine["last_run"]["run_id"], ids[0], "{mine}");
+    let children = listed(
+        &b,
+        &format!("/v1/threads?since={since}&agent_id=helper"),
+        "threads",
+        50,
+    )
+    .await;
+    assert!(
+        field(&children, "thread_id").contains(&format!("{t}:{child_id}")),
+        "{children:?}"
+    );
+    let _ = std::fs::remove_file(&path);
+}

@@ -40,6 +40,7 @@ use rein_runtime::approvals::{ApprovalError, Decided};
 use rein_runtime_contract::approval::{Decision, PendingApproval};
 
 use crate::error::ServiceError;
+use crate::listing::{Page, RunFilter, RunSummary, ThreadFilter, ThreadSummary};
 use crate::mode::Mode;
 use crate::records::{RunEntry, RunStatus};
 use crate::submission::{Strategy, Submission, Submitted};
@@ -585,6 +586,23 @@ impl Mode for InProcess {
         }
         // Not pending (any more): a repeat of the logged decision, or not.
         Core::decided_before(&entry, call_id, &decision)
+    }
+
+    async fn list_runs(&self, filter: &RunFilter) -> Result<Page<RunSummary>, ServiceError> {
+        Ok(crate::listing::runs_page(
+            self.core.records.entries(),
+            filter,
+        ))
+    }
+
+    async fn list_threads(
+        &self,
+        filter: &ThreadFilter,
+    ) -> Result<Page<ThreadSummary>, ServiceError> {
+        Ok(crate::listing::threads_page(
+            self.core.records.entries(),
+            filter,
+        ))
     }
 
     async fn pending_approvals(

@@ -57,6 +57,7 @@ mod core;
 mod distributed;
 mod error;
 mod in_process;
+mod listing;
 mod metrics;
 mod mode;
 mod records;
@@ -76,6 +77,9 @@ use rein_runtime_contract::message::Message;
 #[cfg(feature = "postgres")]
 pub use distributed::LOST_RUN;
 pub use error::ServiceError;
+pub use listing::{
+    Cursor, MAX_PAGE, Page, Parent, RunFilter, RunSummary, ThreadFilter, ThreadSummary,
+};
 pub use records::{
     DecisionRecord, LoggedEvent, RunEntry, RunRecord, RunStatus, ThreadEvent, ThreadTail,
 };
@@ -352,6 +356,39 @@ impl Service {
             parked,
             takeovers: self.mode.takeovers(),
         }))
+    }
+
+    /// A page of runs matching `filter`, newest submitted first
+    /// ([`crate::listing`]'s order and cursor). In-process: the runs this
+    /// process keeps; distributed: every stored run.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::StoreUnavailable`] in distributed mode.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
+    pub async fn list_runs(&self, filter: &RunFilter) -> Result<Page<RunSummary>, ServiceError> {
+        self.mode.list_runs(filter).await
+    }
+
+    /// A page of threads matching `filter`, newest first, each with its
+    /// latest run. In-process: the threads of the runs this process keeps;
+    /// distributed: every stored thread.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::StoreUnavailable`] in distributed mode.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
+    pub async fn list_threads(
+        &self,
+        filter: &ThreadFilter,
+    ) -> Result<Page<ThreadSummary>, ServiceError> {
+        self.mode.list_threads(filter).await
     }
 
     /// The calls parked runs wait on, of every thread or of `thread_id`'s

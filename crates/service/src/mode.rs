@@ -15,6 +15,7 @@ use rein_runtime::approvals::Decided;
 use rein_runtime_contract::approval::{Decision, PendingApproval};
 
 use crate::error::ServiceError;
+use crate::listing::{Page, RunFilter, RunSummary, ThreadFilter, ThreadSummary};
 use crate::records::RunEntry;
 use crate::submission::{Submission, Submitted};
 
@@ -54,6 +55,15 @@ pub(crate) trait Mode: Send + Sync + std::fmt::Debug {
         &self,
         thread_id: Option<&str>,
     ) -> Result<Vec<PendingApproval>, ServiceError>;
+
+    /// A page of runs, newest first.
+    async fn list_runs(&self, filter: &RunFilter) -> Result<Page<RunSummary>, ServiceError>;
+
+    /// A page of threads, newest first.
+    async fn list_threads(
+        &self,
+        filter: &ThreadFilter,
+    ) -> Result<Page<ThreadSummary>, ServiceError>;
 
     /// Cancels the thread's running run and waits, bounded.
     async fn cancel_thread(&self, thread_id: &str) -> (bool, bool);

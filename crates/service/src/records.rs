@@ -52,6 +52,19 @@ impl RunStatus {
             Self::Finished => "finished",
         }
     }
+
+    /// The status a JSON name names (`queued`, `running`,
+    /// `awaiting_approval`, `finished`).
+    pub fn parse(name: &str) -> Option<Self> {
+        [
+            Self::Queued,
+            Self::Running,
+            Self::AwaitingApproval,
+            Self::Finished,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == name)
+    }
 }
 
 /// The run record's JSON (`GET /v1/runs/{run_id}`).
@@ -211,6 +224,9 @@ pub struct RunEntry {
     /// When this process made the entry (a run's log line says how long
     /// it ran here).
     born: std::time::Instant,
+    /// When it was submitted, in microseconds since the Unix epoch (what
+    /// listings order by).
+    created_us: u64,
 }
 
 #[derive(Debug)]
@@ -226,6 +242,8 @@ struct EntryState {
     pending: Vec<PendingApproval>,
     /// The decisions taken on its calls.
     decisions: Vec<DecisionRecord>,
+    /// When it finished, in microseconds since the Unix epoch.
+    finished_us: Option<u64>,
 }
 
 impl RunEntry {
@@ -252,12 +270,24 @@ impl RunEntry {
                 parent: None,
                 pending: Vec::new(),
                 decisions: Vec::new(),
+                finished_us: None,
             }),
             changed: watch::channel(0).0,
             driven_here: std::sync::atomic::AtomicBool::new(false),
             followed: std::sync::atomic::AtomicBool::new(false),
             born: std::time::Instant::now(),
+            created_us: crate::listing::now_us(),
         })
+    }
+
+    /// When it was submitted, in microseconds since the Unix epoch.
+    pub(crate) fn created_us(&self) -> u64 {
+        self.created_us
+    }
+
+    /// When it finished, in microseconds since the Unix epoch.
+    pub(crate) fn finished_us(&self) -> Option<u64> {
+        self.state().finished_us
     }
 
     /// For a sub-agent's run: its parent run and the parent's tool call.
@@ -431,6 +461,7 @@ impl RunEntry {
             }
             state.status = RunStatus::Finished;
             state.result = Some(result);
+            state.finished_us = Some(crate::listing::now_us());
         }
         self.changed.send_modify(|_| {});
         true
@@ -636,6 +667,11 @@ impl Records {
             inner.runs.remove(&entry.run_id);
         }
         entry.changed.receiver_count() > 0
+    }
+
+    /// Every kept entry.
+    pub(crate) fn entries(&self) -> Vec<Arc<RunEntry>> {
+        self.inner().runs.values().cloned().collect()
     }
 
     /// The entry of a run, if it is kept.

@@ -552,8 +552,8 @@ impl PgRuns {
             .collect())
     }
 
-    /// Records a sub-agent's run as `running` on its own thread, whose
-    /// lease this process holds (fenced): its events and record are then
+    /// Records a sub-agent's run (of `parent_run_id`) as `running` on its
+    /// own thread, whose lease this process holds (fenced): its events and record are then
     /// written like any run's, and if this process is lost, whoever takes
     /// the child's thread ends it as lost. `false` when the fence refused
     /// it or the run exists.
@@ -571,13 +571,15 @@ impl PgRuns {
         thread_id: &str,
         run_id: &str,
         agent_id: &str,
+        parent_run_id: &str,
     ) -> Result<bool, sqlx::Error> {
         let Some(fence) = self.fence(thread_id) else {
             return Ok(false);
         };
         let inserted: Option<i32> = sqlx::query_scalar(
-            "INSERT INTO rein_runs (run_id, thread_id, agent_id, interrupt, messages, status, worker, started_at)
-             SELECT $2, $1, $3, false, '[]'::jsonb, 'running', $4, now()
+            "INSERT INTO rein_runs (run_id, thread_id, agent_id, interrupt, messages, status, worker,
+                                    started_at, parent_run_id)
+             SELECT $2, $1, $3, false, '[]'::jsonb, 'running', $4, now(), $6
              WHERE EXISTS (SELECT 1 FROM rein_threads
                            WHERE thread_id = $1 AND owner = $4 AND fence = $5 AND lease_until > now())
              ON CONFLICT (run_id) DO NOTHING
@@ -588,6 +590,7 @@ impl PgRuns {
         .bind(agent_id)
         .bind(self.leases.owner())
         .bind(fence)
+        .bind(parent_run_id)
         .fetch_optional(&self.pool)
         .await?;
         Ok(inserted.is_some())

@@ -11,6 +11,7 @@ mod error;
 mod extract;
 pub(crate) mod guard;
 pub(crate) mod listen;
+mod listing;
 mod sse;
 
 pub use error::ApiError;
@@ -47,6 +48,8 @@ pub fn router(
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/v1/agents", get(agents))
+        .route("/v1/threads", get(listing::threads))
+        .route("/v1/runs", get(listing::runs))
         .route("/v1/threads/{thread_id}/runs", post(submit))
         .route("/v1/runs/{run_id}", get(run_record))
         .route("/v1/runs/{run_id}/events", get(sse::run_events))

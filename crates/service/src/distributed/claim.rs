@@ -530,8 +530,9 @@ impl Distributed {
     async fn keep_child(&self, child: Arc<RunEntry>) {
         let runs = self.db.runs().clone();
         let thread_id = child.thread_id.clone();
+        let parent = child.parent().map(|(run, _)| run).unwrap_or_default();
         match retry(WRITE_RETRY, || {
-            runs.start_child(&thread_id, &child.run_id, &child.agent_id)
+            runs.start_child(&thread_id, &child.run_id, &child.agent_id, &parent)
         })
         .await
         {

@@ -32,6 +32,7 @@ mod approvals;
 mod cancel;
 mod claim;
 mod follow;
+mod listing;
 mod takeover;
 
 use std::collections::{HashMap, HashSet};
@@ -51,6 +52,7 @@ use rein_runtime::approvals::Decided;
 use rein_runtime_contract::approval::{Decision, PendingApproval};
 
 use crate::error::ServiceError;
+use crate::listing::{Page, RunFilter, RunSummary, ThreadFilter, ThreadSummary};
 use crate::mode::Mode;
 use crate::records::{RunEntry, RunStatus, finished_record};
 use crate::submission::{Strategy, Submission, Submitted};
@@ -380,6 +382,17 @@ impl Mode for Distributed {
         thread_id: Option<&str>,
     ) -> Result<Vec<PendingApproval>, ServiceError> {
         self.stored_pending(thread_id).await
+    }
+
+    async fn list_runs(&self, filter: &RunFilter) -> Result<Page<RunSummary>, ServiceError> {
+        self.stored_runs(filter).await
+    }
+
+    async fn list_threads(
+        &self,
+        filter: &ThreadFilter,
+    ) -> Result<Page<ThreadSummary>, ServiceError> {
+        self.stored_threads(filter).await
     }
 
     async fn cancel_thread(&self, thread_id: &str) -> (bool, bool) {
