@@ -241,6 +241,7 @@ pub fn glob_matches(pattern: &str, name: &str) -> bool {
 
 /// What a pending entry waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum PendingKind {
     /// A tool call an `ask` rule holds.
@@ -256,6 +257,7 @@ pub enum PendingKind {
 
 /// One call a parked run waits on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[non_exhaustive]
 pub struct PendingApproval {
     /// The tool call (also the approval's id within its run).
@@ -316,6 +318,7 @@ impl PendingApproval {
 
 /// A person's decision on one pending call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "decision", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Decision {
     /// Run the call with the model's arguments.

@@ -212,6 +212,7 @@ impl StopConditionSpec {
 /// Why a stop condition ended a run: a machine-readable `code` (the policy's
 /// id) and a human-readable `detail`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct StoppedReason {
     /// The stop code, e.g. `max_rounds`.
     pub code: String,
@@ -231,6 +232,7 @@ impl StoppedReason {
 
 /// Why a run ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", content = "value", rename_all = "snake_case")]
 pub enum TerminationReason {
     /// The model answered without calling a tool.
@@ -283,6 +285,7 @@ impl fmt::Display for TerminationReason {
 
 /// Who or what cancelled a run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum CancelCause {
     /// An explicit request: `cancel_by_thread`, `cancel_run`, a run handle,
@@ -461,6 +464,7 @@ mod tests {
 
 /// What became of a tool call that did not complete normally.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ToolCallStatus {
@@ -506,6 +510,7 @@ impl fmt::Display for ToolCallStatus {
 
 /// A tool call of the run that did not complete normally.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[non_exhaustive]
 pub struct IncompleteToolCall {
     /// The model's id for the call.
@@ -533,6 +538,7 @@ impl IncompleteToolCall {
 
 /// A limit the run was configured with, and how much of it the run used.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[non_exhaustive]
 pub struct LimitUsage {
     /// The setting: `max_rounds`, `token_budget`, `timeout` or
@@ -572,6 +578,7 @@ impl fmt::Display for LimitUsage {
 /// every configured limit with what the run used of it, whether the run
 /// can be continued safely, and a hint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[non_exhaustive]
 pub struct StopReport {
     /// `natural_end`, `cancelled`, `error`, or the stop code.
@@ -602,6 +609,7 @@ pub struct StopReport {
 
 /// One child run in its parent's [`StopReport`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[non_exhaustive]
 pub struct ChildRun {
     /// The child run.

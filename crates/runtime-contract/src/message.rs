@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Instructions for the model. Rein sends the agent's system prompt
@@ -23,6 +24,7 @@ pub enum Role {
 
 /// One tool call requested by the model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ToolCall {
     /// Provider-assigned id, unique within the thread's history.
     pub id: String,
@@ -74,6 +76,7 @@ impl ToolResult {
 
 /// One message of a conversation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Message {
     /// Who wrote it.
     pub role: Role,
@@ -143,6 +146,7 @@ impl Message {
 
 /// Tokens one inference (or a sum of them) consumed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TokenUsage {
     /// Prompt tokens.
     pub input_tokens: u64,
@@ -180,6 +184,7 @@ impl TokenUsage {
 /// `cached_tokens`); `None` where it is carried means the provider said
 /// nothing, never zero.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[non_exhaustive]
 pub struct CacheUsage {
     /// Prompt tokens served from the cache (billed at a discount).

@@ -76,6 +76,7 @@ pub struct ThreadFilter {
 
 /// One run in a listing: what it is and how it ended, without its events.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RunSummary {
     /// The run.
     pub run_id: String,
@@ -107,6 +108,7 @@ pub struct RunSummary {
 
 /// One thread in a listing, with its latest run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ThreadSummary {
     /// The thread.
     pub thread_id: String,

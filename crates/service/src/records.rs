@@ -30,6 +30,7 @@ use crate::settings::Retention;
 
 /// Where a run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     /// Waiting behind the thread's active run (`enqueue`).
@@ -69,6 +70,7 @@ impl RunStatus {
 
 /// The run record's JSON (`GET /v1/runs/{run_id}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RunRecord {
     /// The run.
     pub run_id: String,
@@ -121,6 +123,7 @@ pub struct RunRecord {
 /// A decision taken on one of a run's pending calls, from its
 /// `approval_decided` event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[non_exhaustive]
 pub struct DecisionRecord {
     /// The decided call.

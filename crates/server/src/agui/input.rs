@@ -8,7 +8,7 @@ use crate::http::ApiError;
 use crate::service::ClientMessage;
 
 /// The input of one AG-UI run (unknown fields are ignored).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct RunAgentInput {
     pub(crate) thread_id: String,
@@ -21,7 +21,7 @@ pub(crate) struct RunAgentInput {
 }
 
 /// One entry of `RunAgentInput.resume`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ResumeEntry {
     pub(crate) interrupt_id: String,
@@ -31,7 +31,7 @@ pub(crate) struct ResumeEntry {
     pub(crate) payload: Option<Value>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 struct AgUiMessage {
     id: String,
@@ -47,13 +47,13 @@ struct AgUiMessage {
     subagent_run_id: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 struct AgUiToolCall {
     id: String,
     function: AgUiFunction,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 struct AgUiFunction {
     name: String,
     #[serde(default)]

@@ -39,7 +39,7 @@ use futures::{Stream, StreamExt};
 use crate::http::{ApiError, JsonBody, PathParams, run_log};
 use crate::service::{RunEntry, RunStatus, Service, Strategy, Submission};
 use events::Translator;
-use input::RunAgentInput;
+pub(crate) use input::RunAgentInput;
 use rein::contract::approval::{Decision, PendingApproval, PendingKind};
 use rein::events::AgentEvent;
 

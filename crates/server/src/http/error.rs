@@ -21,14 +21,19 @@ pub struct ApiError {
     pub message: String,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    error: Inner<'a>,
+/// A refusal's body: `{"error": {"code", "message"}}`.
+#[derive(Serialize, schemars::JsonSchema)]
+#[schemars(rename = "Error")]
+pub(crate) struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
 }
 
-#[derive(Serialize)]
-struct Inner<'a> {
+/// What was refused.
+#[derive(Serialize, schemars::JsonSchema)]
+struct ErrorDetail<'a> {
+    /// A stable snake_case code naming the problem.
     code: &'a str,
+    /// What went wrong and what to do.
     message: &'a str,
 }
 
@@ -44,8 +49,8 @@ impl ApiError {
 
     /// The JSON body.
     pub fn body(&self) -> String {
-        serde_json::to_string(&Body {
-            error: Inner {
+        serde_json::to_string(&ErrorBody {
+            error: ErrorDetail {
                 code: self.code,
                 message: &self.message,
             },

@@ -14,44 +14,64 @@ use serde::{Deserialize, Serialize};
 use super::ApiError;
 
 /// `GET /v1/runs`'s query.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RunsQuery {
+    /// `queued`, `running`, `awaiting_approval` or `finished`.
     status: Option<String>,
+    /// The run's agent.
     agent_id: Option<String>,
+    /// A finished run's termination code (`natural_end`, `cancelled`, `error`, a stop code).
     termination: Option<String>,
+    /// Sub-agent runs a tool call of this run started.
     parent_run_id: Option<String>,
+    /// `true`: only runs no other run started.
     top_level: Option<bool>,
+    /// The run's thread.
     thread_id: Option<String>,
+    /// Submitted at or after (UTC RFC 3339).
     since: Option<String>,
+    /// Submitted before (UTC RFC 3339).
     until: Option<String>,
+    /// Page size, 1 to 500 (default 50).
     limit: Option<usize>,
+    /// The previous page's next_cursor.
     cursor: Option<String>,
 }
 
 /// `GET /v1/threads`'s query.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ThreadsQuery {
+    /// The status of the thread's latest run.
     status: Option<String>,
+    /// The agent of the thread's latest run.
     agent_id: Option<String>,
+    /// Created at or after (UTC RFC 3339).
     since: Option<String>,
+    /// Created before (UTC RFC 3339).
     until: Option<String>,
+    /// Page size, 1 to 500 (default 50).
     limit: Option<usize>,
+    /// The previous page's next_cursor.
     cursor: Option<String>,
 }
 
 /// `GET /v1/runs`' answer.
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub(crate) struct RunsPage {
+    /// The runs, newest submitted first.
     runs: Vec<RunSummary>,
+    /// Where the next page starts; null on the last page.
     next_cursor: Option<String>,
 }
 
 /// `GET /v1/threads`' answer.
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub(crate) struct ThreadsPage {
+    /// The threads, newest first.
     threads: Vec<ThreadSummary>,
+    /// Where the next page starts; null on the last page.
     next_cursor: Option<String>,
 }
 

@@ -12,6 +12,7 @@ mod extract;
 pub(crate) mod guard;
 pub(crate) mod listen;
 mod listing;
+mod openapi;
 mod sse;
 
 pub use error::ApiError;
@@ -30,6 +31,8 @@ use serde::{Deserialize, Serialize};
 use crate::agui;
 use crate::service::{RunStatus, Service, Strategy, Submission, Submitted};
 use extract::{IdempotencyKey, Wait};
+use openapi::Routes;
+use rein_service::RunRecord;
 
 /// The router of the whole API, AG-UI included, behind the guard of
 /// `settings` (auth, origins, hosts, JSON bodies).
@@ -44,35 +47,144 @@ pub fn router(
 ) -> Result<Router, String> {
     let limit = settings.body_limit_bytes;
     let guard = std::sync::Arc::new(guard::Guard::new(settings)?);
-    Ok(Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route("/v1/agents", get(agents))
-        .route("/v1/threads", get(listing::threads))
-        .route("/v1/runs", get(listing::runs))
-        .route("/v1/threads/{thread_id}/runs", post(submit))
-        .route("/v1/runs/{run_id}", get(run_record))
-        .route("/v1/runs/{run_id}/events", get(sse::run_events))
-        .route("/v1/threads/{thread_id}/events", get(sse::thread_events))
-        .route("/v1/threads/{thread_id}/cancel", post(cancel_thread))
-        .route("/v1/runs/{run_id}/cancel", post(cancel_run))
+    let (routes, document) = routes().finish();
+    let document = std::sync::Arc::new(document);
+    Ok(routes
         .route(
-            "/v1/runs/{run_id}/tool_calls/{call_id}/cancel",
-            post(cancel_tool_call),
+            "/openapi.json",
+            get(move || {
+                let document = document.clone();
+                async move { Json(document.as_ref().clone()) }
+            }),
         )
-        .route(
-            "/v1/runs/{run_id}/approvals/{call_id}",
-            post(decide_approval),
-        )
-        .route("/v1/approvals", get(approvals))
-        .route("/v1/threads/{thread_id}/messages", get(messages))
-        .route("/v1/threads/{thread_id}", delete(delete_thread))
-        .route("/v1/ag-ui/{agent_id}", post(agui::run))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(guard, guard::check))
         .with_state(service))
+}
+
+/// The OpenAPI document of [`router`]'s routes (`GET /openapi.json`).
+pub fn openapi() -> serde_json::Value {
+    routes().finish().1
+}
+
+/// Every route but `/openapi.json`, each with its description.
+fn routes() -> Routes {
+    const NO_RUN: (u16, &str) = (404, "unknown_run");
+    const UNAVAILABLE: (u16, &str) = (503, "store_unavailable, shutting_down");
+    Routes::new()
+        .add("get", "/healthz", get(healthz), |o| {
+            o.summary("Liveness: the service and its store answer.")
+                .answer::<Health>(200, "up")
+                .refusals(&[UNAVAILABLE])
+                .public()
+        })
+        .add("get", "/metrics", get(metrics), |o| {
+            o.summary("This process's metrics.")
+                .answer_text(200, "text/plain; version=0.0.4", "Prometheus text format")
+        })
+        .add("get", "/v1/agents", get(agents), |o| {
+            o.summary("The agents, each with every tool it can call.")
+                .answer::<Vec<AgentView>>(200, "the agents")
+        })
+        .add("get", "/v1/threads", get(listing::threads), |o| {
+            o.summary("Threads, newest first, each with its latest run.")
+                .query::<listing::ThreadsQuery>()
+                .answer::<listing::ThreadsPage>(200, "a page of threads")
+                .refusals(&[(400, "invalid_query"), UNAVAILABLE])
+        })
+        .add("get", "/v1/runs", get(listing::runs), |o| {
+            o.summary("Runs, newest submitted first, filtered and paged.")
+                .query::<listing::RunsQuery>()
+                .answer::<listing::RunsPage>(200, "a page of runs")
+                .refusals(&[(400, "invalid_query"), UNAVAILABLE])
+        })
+        .add("post", "/v1/threads/{thread_id}/runs", post(submit), |o| {
+            o.summary("Submit input to a thread.")
+                .query_flag("wait", "answer the run record once the run has finished")
+                .header("Idempotency-Key", "a repeated key finds the first submission's run")
+                .body::<SubmitBody>()
+                .answer::<RunRecord>(200, "with ?wait=true: the finished run's record; else a repeated idempotency key: the first submission's run (as 202)")
+                .answer::<Accepted<'static>>(202, "accepted")
+                .refusals(&[
+                    (404, "unknown_agent"),
+                    (409, "thread_busy, thread_owned_elsewhere, run_id_in_use"),
+                    (422, "invalid_field, invalid_input, unknown_strategy, idempotency_key_reused, conflicting_idempotency_keys"),
+                    UNAVAILABLE,
+                ])
+        })
+        .add("get", "/v1/runs/{run_id}", get(run_record), |o| {
+            o.summary("A run's record.")
+                .answer::<RunRecord>(200, "the record")
+                .refusals(&[NO_RUN])
+        })
+        .add("get", "/v1/runs/{run_id}/events", get(sse::run_events), |o| {
+            o.summary("The run's events as SSE, from the start or after Last-Event-ID; ends after run_finished.")
+                .header("Last-Event-ID", "resume after this event number")
+                .answer_text(200, "text/event-stream", "event: the event's type, data: its JSON, id: its number")
+                .refusals(&[NO_RUN])
+        })
+        .add("get", "/v1/threads/{thread_id}/events", get(sse::thread_events), |o| {
+            o.summary("Live events of every run on the thread, as SSE.")
+                .answer_text(200, "text/event-stream", "the thread's live events")
+        })
+        .add("post", "/v1/threads/{thread_id}/cancel", post(cancel_thread), |o| {
+            o.summary("Cancel the thread's active run and wait (bounded) until it has released the thread.")
+                .answer::<ThreadCancelled>(200, "what was cancelled")
+        })
+        .add("post", "/v1/runs/{run_id}/cancel", post(cancel_run), |o| {
+            o.summary("Cancel one run, queued or running.")
+                .answer::<RunCancelled>(200, "whether it was cancelled")
+                .refusals(&[NO_RUN])
+        })
+        .add(
+            "post",
+            "/v1/runs/{run_id}/tool_calls/{call_id}/cancel",
+            post(cancel_tool_call),
+            |o| {
+                o.summary("End one running tool call; the run goes on.")
+                    .answer::<ToolCallCancelled>(200, "ended here")
+                    .answer::<ToolCallCancelled>(202, "the run runs in another process, which was asked to end it")
+                    .refusals(&[NO_RUN, (409, "tool_call_not_running, run_not_running")])
+            },
+        )
+        .add(
+            "post",
+            "/v1/runs/{run_id}/approvals/{call_id}",
+            post(decide_approval),
+            |o| {
+                o.summary("Decide a call a parked run waits on.")
+                    .body::<Decision>()
+                    .answer::<DecisionTaken>(200, "the decision (the same decision again too)")
+                    .refusals(&[
+                        (404, "unknown_run, unknown_approval"),
+                        (409, "already_decided"),
+                        (422, "invalid_decision"),
+                    ])
+            },
+        )
+        .add("get", "/v1/approvals", get(approvals), |o| {
+            o.summary("Every pending approval.")
+                .query::<ApprovalsQuery>()
+                .answer::<Vec<PendingApproval>>(200, "the calls parked runs wait on")
+                .refusals(&[(400, "invalid_query"), UNAVAILABLE])
+        })
+        .add("get", "/v1/threads/{thread_id}/messages", get(messages), |o| {
+            o.summary("The thread's stored history.")
+                .answer::<Vec<Message>>(200, "the messages")
+        })
+        .add("delete", "/v1/threads/{thread_id}", delete(delete_thread), |o| {
+            o.summary("Cancel the thread's runs and drop it.")
+                .answer_empty(204, "deleted")
+                .refusals(&[(409, "thread_owned_elsewhere, previous_run_stuck")])
+        })
+        .add("post", "/v1/ag-ui/{agent_id}", post(agui::run), |o| {
+            o.summary("Run the agent with an AG-UI RunAgentInput; AG-UI events as SSE.")
+                .body::<agui::RunAgentInput>()
+                .answer_text(200, "text/event-stream", "AG-UI events")
+                .refusals(&[(404, "unknown_agent"), (422, "invalid_input")])
+        })
 }
 
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
@@ -91,9 +203,16 @@ async fn not_found() -> ApiError {
     ApiError::new(404, "not_found", "no such route; see docs/service.md")
 }
 
-async fn healthz(State(service): State<Service>) -> Result<Json<serde_json::Value>, ApiError> {
+/// `GET /healthz`'s answer.
+#[derive(Serialize, schemars::JsonSchema)]
+struct Health {
+    /// `ok`.
+    status: &'static str,
+}
+
+async fn healthz(State(service): State<Service>) -> Result<Json<Health>, ApiError> {
     service.health().await?;
-    Ok(Json(serde_json::json!({"status": "ok"})))
+    Ok(Json(Health { status: "ok" }))
 }
 
 /// `GET /metrics`: this process's metrics, Prometheus text format.
@@ -110,10 +229,14 @@ async fn metrics(State(service): State<Service>) -> Result<axum::response::Respo
         .into_response())
 }
 
-#[derive(Serialize)]
+/// An agent as `GET /v1/agents` lists it.
+#[derive(Serialize, schemars::JsonSchema)]
 struct AgentView {
+    /// The agent's id.
     id: String,
+    /// Its model's id.
     model_id: String,
+    /// Every tool it can call.
     tools: Vec<String>,
 }
 
@@ -140,24 +263,71 @@ async fn agents(State(service): State<Service>) -> Json<Vec<AgentView>> {
 }
 
 /// `POST /v1/threads/{thread_id}/runs`'s body.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct SubmitBody {
+    /// The agent (the deployment's only agent when omitted).
     #[serde(default)]
     agent_id: Option<String>,
+    /// The input: user messages.
     #[serde(deserialize_with = "extract::strict_messages")]
     messages: Vec<Message>,
+    /// For a busy thread: `interrupt` (default), `enqueue` or `reject`.
     #[serde(default)]
     strategy: Option<String>,
+    /// A repeated key on the thread finds the first submission's run.
     #[serde(default)]
     idempotency_key: Option<String>,
 }
 
-#[derive(Serialize)]
+/// An accepted submission.
+#[derive(Serialize, schemars::JsonSchema)]
 struct Accepted<'a> {
+    /// The run.
     run_id: &'a str,
+    /// Its thread.
     thread_id: &'a str,
+    /// `running` or `queued`.
     status: RunStatus,
+}
+
+/// `POST /v1/threads/{thread_id}/cancel`'s answer.
+#[derive(Serialize, schemars::JsonSchema)]
+struct ThreadCancelled {
+    /// Whether a run was cancelled.
+    cancelled: bool,
+    /// Whether the thread was released within the wait.
+    released: bool,
+}
+
+/// `POST /v1/runs/{run_id}/cancel`'s answer.
+#[derive(Serialize, schemars::JsonSchema)]
+struct RunCancelled {
+    /// Whether the run was cancelled (`false`: it had finished).
+    cancelled: bool,
+}
+
+/// `POST /v1/runs/{run_id}/tool_calls/{call_id}/cancel`'s answer.
+#[derive(Serialize, schemars::JsonSchema)]
+struct ToolCallCancelled {
+    /// Whether the call was ended here.
+    cancelled: bool,
+    /// The run runs in another process, which was asked to end the call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    requested: Option<bool>,
+    /// The run.
+    run_id: String,
+    /// The call.
+    call_id: String,
+}
+
+/// A decision taken on a pending call.
+#[derive(Serialize, schemars::JsonSchema)]
+struct DecisionTaken {
+    /// The call.
+    call_id: String,
+    /// `approve`, `reject`, `edit` or `respond`.
+    decision: String,
 }
 
 async fn submit(
@@ -232,36 +402,41 @@ async fn run_record(
 async fn cancel_thread(
     State(service): State<Service>,
     PathParams(thread_id): PathParams<String>,
-) -> Json<serde_json::Value> {
+) -> Json<ThreadCancelled> {
     let (cancelled, released) = service.cancel_thread(&thread_id).await;
-    Json(serde_json::json!({"cancelled": cancelled, "released": released}))
+    Json(ThreadCancelled {
+        cancelled,
+        released,
+    })
 }
 
 async fn cancel_run(
     State(service): State<Service>,
     PathParams(run_id): PathParams<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<RunCancelled>, ApiError> {
     let cancelled = service.cancel_run(&run_id).await?;
-    Ok(Json(serde_json::json!({"cancelled": cancelled})))
+    Ok(Json(RunCancelled { cancelled }))
 }
 
 async fn cancel_tool_call(
     State(service): State<Service>,
     PathParams((run_id, call_id)): PathParams<(String, String)>,
-) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+) -> Result<(StatusCode, Json<ToolCallCancelled>), ApiError> {
     let here = service.cancel_tool_call(&run_id, &call_id).await?;
-    let (status, body) = if here {
-        (
-            StatusCode::OK,
-            serde_json::json!({"cancelled": true, "run_id": run_id, "call_id": call_id}),
-        )
+    let status = if here {
+        StatusCode::OK
     } else {
-        (
-            StatusCode::ACCEPTED,
-            serde_json::json!({"cancelled": false, "requested": true, "run_id": run_id, "call_id": call_id}),
-        )
+        StatusCode::ACCEPTED
     };
-    Ok((status, Json(body)))
+    Ok((
+        status,
+        Json(ToolCallCancelled {
+            cancelled: here,
+            requested: (!here).then_some(true),
+            run_id,
+            call_id,
+        }),
+    ))
 }
 
 /// `POST /v1/runs/{run_id}/approvals/{call_id}`: a decision on a pending
@@ -272,21 +447,24 @@ async fn decide_approval(
     caller: Option<axum::Extension<guard::Caller>>,
     PathParams((run_id, call_id)): PathParams<(String, String)>,
     JsonBody(decision): JsonBody<Decision>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<DecisionTaken>, ApiError> {
     if let Some(axum::Extension(scope)) = &scope {
         let entry = service.run(&run_id).await?;
         scope.check_agent(&entry.agent_id)?;
     }
     let by = caller.as_ref().map(|c| c.0.0.as_str());
     let decided = service.decide_as(&run_id, &call_id, decision, by).await?;
-    Ok(Json(
-        serde_json::json!({"call_id": decided.call_id, "decision": decided.decision}),
-    ))
+    Ok(Json(DecisionTaken {
+        call_id: decided.call_id,
+        decision: decided.decision.to_owned(),
+    }))
 }
 
-#[derive(Deserialize)]
+/// `GET /v1/approvals`' query.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ApprovalsQuery {
+    /// Only this thread's runs' approvals (and its sub-agents').
     #[serde(default)]
     thread_id: Option<String>,
 }
