@@ -102,13 +102,27 @@ impl Assembled {
 /// listing its tools), or a failed runtime build. Servers already started
 /// are shut down first.
 pub async fn start(deployment: &Deployment) -> Result<Assembled, AssembleError> {
+    start_with(deployment, &crate::App::new()).await
+}
+
+/// [`start`], the agents also getting the Rust tools and plugins of `app`
+/// they list (a tool by its name in `tools`, a plugin by its id in
+/// `plugin_ids`).
+///
+/// # Errors
+///
+/// As for [`start`].
+pub async fn start_with(
+    deployment: &Deployment,
+    app: &crate::App,
+) -> Result<Assembled, AssembleError> {
     let store = durable_store(deployment).await?;
     let mcp_servers = start_mcp(deployment).await?;
     let artifacts = artifact_store(deployment, store.as_ref());
     let thread_store = store
         .as_ref()
         .map(|d| Arc::new(d.store().clone()) as Arc<dyn ThreadStore>);
-    let outcome = build(deployment, &mcp_servers, thread_store, artifacts);
+    let outcome = build(deployment, app, &mcp_servers, thread_store, artifacts);
     match outcome {
         Ok(runtime) => Ok(Assembled {
             runtime,
@@ -169,6 +183,7 @@ async fn durable_store(deployment: &Deployment) -> Result<Option<Database>, Asse
 
 fn build(
     deployment: &Deployment,
+    app: &crate::App,
     mcp_servers: &BTreeMap<String, Arc<McpServer>>,
     store: Option<Arc<dyn ThreadStore>>,
     artifacts: Option<Arc<dyn ArtifactStore>>,
@@ -177,7 +192,12 @@ fn build(
     for agent in &deployment.agents {
         let mut tools = Vec::new();
         for name in &agent.tools {
-            // The file was checked: every listed tool names a known server.
+            if let Some(tool) = app.tool(name) {
+                tools.push(tool);
+                continue;
+            }
+            // The file was checked: every other listed tool names a known
+            // server.
             let Some((server_id, tool)) = name.split_once(MCP_TOOL_SEPARATOR) else {
                 continue;
             };
@@ -188,6 +208,15 @@ fn build(
         agent_tools.insert(agent.spec.id.clone(), tools);
     }
     let mut builder = builder_with(deployment, agent_tools)?;
+    for (id, plugin) in app.plugins() {
+        if deployment
+            .agents
+            .iter()
+            .any(|a| a.spec.plugin_ids.iter().any(|p| p == id))
+        {
+            builder = builder.with_plugin(id, plugin.clone());
+        }
+    }
     if let Some(store) = store {
         builder = builder.with_thread_store(store);
     }
@@ -255,7 +284,7 @@ fn transport(config: &McpServerConfig) -> McpTransport {
     }
 }
 
-/// An agent's MCP tools, registered for that agent only.
+/// An agent's listed tools (MCP and Rust), registered for that agent only.
 struct AgentTools(Vec<Arc<dyn Tool>>);
 
 impl Plugin for AgentTools {
@@ -323,8 +352,8 @@ pub fn executor(
     })
 }
 
-/// The builder, each agent getting the tools in `agent_tools` (its MCP
-/// tools) through a plugin of its own, `mcp:<agent id>`.
+/// The builder, each agent getting the tools in `agent_tools` (the MCP
+/// and Rust tools it lists) through a plugin of its own, `tools:<agent id>`.
 fn builder_with(
     deployment: &Deployment,
     mut agent_tools: BTreeMap<String, Vec<Arc<dyn Tool>>>,
@@ -350,7 +379,7 @@ fn builder_with(
         ask_user |= agent.spec.plugin_ids.iter().any(|p| p == "ask_user");
         let mut spec = agent.spec.clone();
         if let Some(tools) = agent_tools.remove(&spec.id).filter(|t| !t.is_empty()) {
-            let plugin_id = format!("mcp:{}", spec.id);
+            let plugin_id = format!("tools:{}", spec.id);
             builder = builder.with_plugin(&plugin_id, Arc::new(AgentTools(tools)));
             spec = spec.with_plugin_id(plugin_id);
         }

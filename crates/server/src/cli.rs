@@ -101,10 +101,16 @@ enum Command {
 
 /// Runs the binary with the process's arguments.
 pub fn main() -> ExitCode {
+    main_with(&crate::App::new())
+}
+
+/// Runs the `rein` commands with the process's arguments, the deployment's
+/// agents also getting `app`'s Rust tools and plugins ([`crate::App::main`]).
+pub(crate) fn main_with(app: &crate::App) -> ExitCode {
     let cli = Cli::parse();
     init_logs(cli.log_format);
     match cli.command {
-        Command::Check { config, probe } => check(&config, probe),
+        Command::Check { config, probe } => check(&config, probe, app),
         Command::Serve {
             config,
             bind,
@@ -115,19 +121,20 @@ pub fn main() -> ExitCode {
             &bind,
             record.as_deref(),
             insecure_public,
+            app,
         )),
         Command::Replay {
             config,
             agent,
             json,
             recordings,
-        } => crate::replay::command(&config, agent.as_deref(), json, &recordings),
+        } => crate::replay::command(&config, agent.as_deref(), json, &recordings, app),
         Command::Run {
             config,
             agent,
             thread,
             message,
-        } => block_on(run_command(&config, agent, thread, message.join(" "))),
+        } => block_on(run_command(&config, agent, thread, message.join(" "), app)),
     }
 }
 
@@ -180,8 +187,8 @@ fn recorder(dir: &Path) -> Result<(std::sync::Arc<dyn rein::events::EventSink>, 
 
 /// Loads a file, printing its errors (`FILE:LINE:COLUMN: message`) to
 /// `out` on failure.
-fn load(config: &Path, out: &mut dyn Write) -> Option<Deployment> {
-    match Deployment::load(config) {
+fn load(config: &Path, out: &mut dyn Write, app: &crate::App) -> Option<Deployment> {
+    match Deployment::load_with(config, &app.extras()) {
         Ok(d) => Some(d),
         Err(e) => {
             for line in e.lines() {
@@ -192,9 +199,9 @@ fn load(config: &Path, out: &mut dyn Write) -> Option<Deployment> {
     }
 }
 
-fn check(config: &Path, probe: bool) -> ExitCode {
+fn check(config: &Path, probe: bool, app: &crate::App) -> ExitCode {
     let mut stdout = std::io::stdout();
-    let Some(deployment) = load(config, &mut stdout) else {
+    let Some(deployment) = load(config, &mut stdout, app) else {
         return ExitCode::FAILURE;
     };
     for agent in &deployment.agents {
@@ -250,8 +257,9 @@ async fn serve_command(
     bind: &str,
     record: Option<&Path>,
     insecure_public: bool,
+    app: &crate::App,
 ) -> ExitCode {
-    let Some(mut deployment) = load(config, &mut std::io::stderr()) else {
+    let Some(mut deployment) = load(config, &mut std::io::stderr(), app) else {
         return ExitCode::FAILURE;
     };
     deployment.server.insecure_public = insecure_public;
@@ -265,7 +273,7 @@ async fn serve_command(
         );
         return ExitCode::FAILURE;
     }
-    let assembled = match assemble::start(&deployment).await {
+    let assembled = match assemble::start_with(&deployment, app).await {
         Ok(a) => a,
         Err(e) => {
             eprintln!("rein: {e}");
@@ -365,8 +373,9 @@ async fn run_command(
     agent: Option<String>,
     thread: Option<String>,
     message: String,
+    app: &crate::App,
 ) -> ExitCode {
-    let Some(deployment) = load(config, &mut std::io::stderr()) else {
+    let Some(deployment) = load(config, &mut std::io::stderr(), app) else {
         return ExitCode::FAILURE;
     };
     if thread.is_some() && deployment.store == StoreConfig::Memory {
@@ -374,7 +383,7 @@ async fn run_command(
             "rein: note: with `store: memory` every `rein run` starts with an empty thread; --thread continues a thread only with a durable store"
         );
     }
-    let assembled = match assemble::start(&deployment).await {
+    let assembled = match assemble::start_with(&deployment, app).await {
         Ok(a) => a,
         Err(e) => {
             eprintln!("rein: {e}");

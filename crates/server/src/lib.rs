@@ -10,13 +10,15 @@
 //! `enqueue`, `reject`), idempotency keys, run records with their event
 //! logs, retention — and [`http`] serves it (with [`agui`] for AG-UI
 //! clients). The `rein` binary ([`cli`]) loads a file and serves it, runs
-//! one message, or checks the file.
+//! one message, or checks the file; [`App`] is that binary with your own
+//! Rust tools and plugins.
 //!
 //! ```text
 //! rein.yaml ─▶ Deployment ─▶ assemble ─▶ AgentRuntime ─▶ Service ─▶ http (+ agui) ─▶ clients
 //! ```
 
 pub mod agui;
+mod app;
 pub mod assemble;
 pub mod cli;
 pub mod deployment;
@@ -28,6 +30,8 @@ mod replay;
 /// Run control as a service (`rein-service`), which the HTTP API, AG-UI
 /// and the CLI are transports over.
 pub use rein_service as service;
+
+pub use app::App;
 
 use std::future::Future;
 use std::time::Duration;

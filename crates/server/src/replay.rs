@@ -43,8 +43,9 @@ pub(crate) fn command(
     agent: Option<&str>,
     json: bool,
     recordings: &[PathBuf],
+    app: &crate::App,
 ) -> ExitCode {
-    let spec = match agent_spec(config, agent) {
+    let spec = match agent_spec(config, agent, app) {
         Ok(spec) => spec,
         Err(message) => {
             eprintln!("rein: {message}");
@@ -193,7 +194,7 @@ fn approvals_table(report: &ApprovalReport) -> String {
 
 /// The agent to evaluate: `config` is an agent spec, or a deployment file
 /// whose agent `agent` names (or its only agent).
-fn agent_spec(config: &Path, agent: Option<&str>) -> Result<AgentSpec, String> {
+fn agent_spec(config: &Path, agent: Option<&str>, app: &crate::App) -> Result<AgentSpec, String> {
     let text = std::fs::read_to_string(config)
         .map_err(|e| format!("{}: cannot read the file: {e}", config.display()))?;
     let is_deployment = serde_yaml::from_str::<serde_yaml::Value>(&text)
@@ -203,7 +204,7 @@ fn agent_spec(config: &Path, agent: Option<&str>) -> Result<AgentSpec, String> {
     if !is_deployment {
         return rein::config::load_agent_spec_file(config).map_err(|e| e.to_string());
     }
-    let deployment = Deployment::load(config).map_err(|e| e.to_string())?;
+    let deployment = Deployment::load_with(config, &app.extras()).map_err(|e| e.to_string())?;
     let known = || {
         deployment
             .agents

@@ -3,7 +3,8 @@
 //! number). `${VAR:-default}` gives a default when `VAR` is unset or
 //! empty; `$${` is a literal `${`. An unset variable without a default,
 //! a malformed reference, or a value spanning lines is an error at its
-//! line and column, all of them listed at once.
+//! line and column, all of them listed at once. Comment lines (`# …`) are
+//! left as they are.
 
 use rein::config::ConfigError;
 
@@ -19,6 +20,12 @@ pub(crate) fn interpolate(
     let mut out = String::with_capacity(text.len());
     let mut errors = Vec::new();
     for (index, line) in text.split_inclusive('\n').enumerate() {
+        // A comment line is left as it is: an example in a comment must
+        // not need its variable set.
+        if line.trim_start().starts_with('#') {
+            out.push_str(line);
+            continue;
+        }
         let mut rest = line;
         let mut column = 1;
         while let Some(at) = rest.find('$') {
@@ -104,6 +111,15 @@ mod tests {
         assert_eq!(
             interpolate(text, env).unwrap(),
             "model: gpt-4o-mini\nfallback: small\nother: x\nliteral: ${MODEL} costs $5\n"
+        );
+    }
+
+    #[test]
+    fn comment_lines_are_left_as_they_are() {
+        let text = "# e.g. base_url: \"${UNSET}\"\n  # ${OPEN\nmodel: ${MODEL} # ${MODEL}\n";
+        assert_eq!(
+            interpolate(text, env).unwrap(),
+            "# e.g. base_url: \"${UNSET}\"\n  # ${OPEN\nmodel: gpt-4o-mini # gpt-4o-mini\n"
         );
     }
 

@@ -34,6 +34,18 @@ pub const BUILT_IN_PLUGINS: &[&str] = &["terminate", "ask_user"];
 /// The separator of an MCP tool's qualified name: `<server id>__<tool>`.
 pub const MCP_TOOL_SEPARATOR: &str = "__";
 
+/// Names a deployment file may use beyond its own sections: the Rust
+/// tools and plugins a program serving it adds ([`crate::App`]). Agents
+/// list such a tool by its name in `tools`, such a plugin by its id in
+/// `plugin_ids`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extras {
+    /// Tool names.
+    pub tools: std::collections::BTreeSet<String>,
+    /// Plugin ids.
+    pub plugins: std::collections::BTreeSet<String>,
+}
+
 /// A loaded, checked deployment file.
 #[derive(Debug, Clone)]
 pub struct Deployment {
@@ -369,6 +381,16 @@ impl Deployment {
     /// stop condition, or an unknown id (provider, model, plugin, MCP
     /// server, tool).
     pub fn load(path: impl AsRef<Path>) -> Result<Self, DeploymentError> {
+        Self::load_with(path, &Extras::default())
+    }
+
+    /// Loads and checks a deployment file whose agents may also list the
+    /// Rust tools and plugins of `extras`.
+    ///
+    /// # Errors
+    ///
+    /// As for [`load`](Self::load).
+    pub fn load_with(path: impl AsRef<Path>, extras: &Extras) -> Result<Self, DeploymentError> {
         let path = path.as_ref();
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| {
@@ -377,7 +399,7 @@ impl Deployment {
                 ConfigError::new(format!("cannot read the file: {e}")),
             )
         })?;
-        Self::from_yaml_named(&text, &file)
+        Self::from_yaml_named(&text, &file, extras)
     }
 
     /// Loads and checks a deployment from YAML text (errors name the file
@@ -387,10 +409,19 @@ impl Deployment {
     ///
     /// As for [`load`](Self::load).
     pub fn from_yaml(text: &str) -> Result<Self, DeploymentError> {
-        Self::from_yaml_named(text, "<text>")
+        Self::from_yaml_named(text, "<text>", &Extras::default())
     }
 
-    fn from_yaml_named(text: &str, file: &str) -> Result<Self, DeploymentError> {
+    /// [`from_yaml`](Self::from_yaml) for a program that adds `extras`.
+    ///
+    /// # Errors
+    ///
+    /// As for [`load`](Self::load).
+    pub fn from_yaml_with(text: &str, extras: &Extras) -> Result<Self, DeploymentError> {
+        Self::from_yaml_named(text, "<text>", extras)
+    }
+
+    fn from_yaml_named(text: &str, file: &str, extras: &Extras) -> Result<Self, DeploymentError> {
         let text =
             &interpolate::interpolate(text, |name| std::env::var(name).ok()).map_err(|errors| {
                 DeploymentError {
@@ -409,7 +440,7 @@ impl Deployment {
         let deployment = DocumentSeed { kinds: &kinds }
             .deserialize(serde_yaml::Deserializer::from_str(text))
             .map_err(|e| DeploymentError::one(file, ConfigError::from_yaml_error(&e)))?;
-        let errors = deployment.check_references(&Positions::of(text));
+        let errors = deployment.check_references(&Positions::of(text), extras);
         if errors.is_empty() {
             Ok(deployment)
         } else {
@@ -438,7 +469,7 @@ impl Deployment {
 
     /// Every reference between sections, each unknown id an error at its
     /// value.
-    fn check_references(&self, positions: &Positions) -> Vec<ConfigError> {
+    fn check_references(&self, positions: &Positions, extras: &Extras) -> Vec<ConfigError> {
         let mut errors = Vec::new();
         let mut error = |path: &str, message: String| {
             errors.push(match positions.get(path) {
@@ -515,12 +546,15 @@ impl Deployment {
                 );
             }
             for (j, plugin) in agent.spec.plugin_ids.iter().enumerate() {
-                if !BUILT_IN_PLUGINS.contains(&plugin.as_str()) {
+                if !BUILT_IN_PLUGINS.contains(&plugin.as_str()) && !extras.plugins.contains(plugin)
+                {
+                    let mut plugins: Vec<&str> = BUILT_IN_PLUGINS.to_vec();
+                    plugins.extend(extras.plugins.iter().map(String::as_str));
                     error(
                         &format!("agents[{i}].plugin_ids[{j}]"),
                         format!(
                             "agent \"{id}\": unknown plugin \"{plugin}\"; known plugins: {}",
-                            BUILT_IN_PLUGINS.join(", ")
+                            plugins.join(", ")
                         ),
                     );
                 }
@@ -551,6 +585,9 @@ impl Deployment {
             }
             for (j, tool) in agent.tools.iter().enumerate() {
                 let path = format!("agents[{i}].tools[{j}]");
+                if extras.tools.contains(tool) {
+                    continue;
+                }
                 match tool.split_once(MCP_TOOL_SEPARATOR) {
                     Some((server, name)) if !server.is_empty() && !name.is_empty() => {
                         if !self.mcp_servers.contains_key(server) {
@@ -566,14 +603,33 @@ impl Deployment {
                     _ => error(
                         &path,
                         format!(
-                            "agent \"{id}\": unknown tool \"{tool}\"; tools listed here come from MCP servers, named \"<server id>{MCP_TOOL_SEPARATOR}<tool>\" (known MCP servers: {}); plugin tools come with plugin_ids",
-                            known(self.mcp_servers.keys())
+                            "agent \"{id}\": unknown tool \"{tool}\"; tools listed here come from MCP servers, named \"<server id>{MCP_TOOL_SEPARATOR}<tool>\" (known MCP servers: {}){}; plugin tools come with plugin_ids",
+                            known(self.mcp_servers.keys()),
+                            if extras.tools.is_empty() {
+                                "; Rust tools need a binary that adds them (rein_server::App)"
+                                    .to_owned()
+                            } else {
+                                format!(
+                                    "; this program's Rust tools: {}",
+                                    known(extras.tools.iter())
+                                )
+                            }
                         ),
                     ),
                 }
             }
         }
         for (i, agent) in self.agents.iter().enumerate() {
+            // A Rust plugin's tools are known once the runtime is built,
+            // which checks the rules then.
+            if agent
+                .spec
+                .plugin_ids
+                .iter()
+                .any(|p| extras.plugins.contains(p))
+            {
+                continue;
+            }
             for (path, message) in approval_errors(agent) {
                 error(&format!("agents[{i}].{path}"), message);
             }

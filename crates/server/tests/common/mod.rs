@@ -48,6 +48,14 @@ impl Server {
         .await
     }
 
+    /// A server over a started deployment.
+    pub async fn start_assembled(
+        assembled: rein_server::assemble::Assembled,
+        settings: rein_server::deployment::ServerSettings,
+    ) -> Self {
+        Self::serve(std::sync::Arc::new(assembled), settings).await
+    }
+
     async fn serve(
         assembled: std::sync::Arc<rein_server::assemble::Assembled>,
         settings: rein_server::deployment::ServerSettings,

@@ -1,0 +1,237 @@
+//! `rein_server::App`: a deployment served with Rust tools and plugins —
+//! the example binary through HTTP, and the library entry point with a
+//! plugin, each checked against the file before anything starts.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use common::Server;
+use rein::plugin::{Plugin, PluginRegistrar};
+use rein::schemars;
+use rein::tools::tool_fn;
+use rein_server::App;
+use rein_server::deployment::Deployment;
+use serde_json::{Value, json};
+
+const EXAMPLE_YAML: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rust-tools.yaml");
+
+/// The example binary `cargo test` built beside this test's binary
+/// (`target/debug/examples/rust_tools`); `None` when only this test was
+/// built (`cargo test --test app`), which CI never does.
+fn example() -> Option<PathBuf> {
+    let deps = std::env::current_exe().unwrap().parent()?.to_path_buf();
+    let path = deps.parent()?.join("examples").join("rust_tools");
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{} was not built; CI runs cargo test --all-targets, which builds it",
+        path.display()
+    );
+    eprintln!("skipped: build the examples first (cargo test -p rein-server --all-targets)");
+    None
+}
+
+/// Kills the child by its PID when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn the_example_binary_serves_its_typed_rust_tool_over_http() {
+    let Some(binary) = example() else { return };
+    let mut child = Child(
+        Command::new(&binary)
+            .args(["serve", "--config", EXAMPLE_YAML, "--bind", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_owned();
+    let client = reqwest::Client::new();
+    let agents: Value = client
+        .get(format!("{url}/v1/agents"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(agents[0]["tools"], json!(["lookup_order"]), "{agents}");
+    let record: Value = client
+        .post(format!("{url}/v1/threads/t1/runs?wait=true"))
+        .json(&json!({"messages": [{"role": "user", "content": "Where is order 42?"}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    let history: Value = client
+        .get(format!("{url}/v1/threads/t1/messages"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let result = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap_or_else(|| panic!("{history}"));
+    let output: Value = serde_json::from_str(result["content"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        output,
+        json!({"order_id": 42, "status": "packed", "ships_in_days": 1})
+    );
+    drop(child);
+}
+
+#[test]
+fn the_example_checks_its_file_and_plain_rein_names_the_tool_it_does_not_know() {
+    let Some(binary) = example() else { return };
+    let ok = Command::new(&binary)
+        .args(["check", "--config", EXAMPLE_YAML])
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+    let plain = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["check", "--config", EXAMPLE_YAML])
+        .output()
+        .unwrap();
+    assert!(!plain.status.success());
+    let out = String::from_utf8_lossy(&plain.stdout);
+    assert!(
+        out.contains("rust-tools.yaml:17:13:")
+            && out.contains("unknown tool \"lookup_order\"")
+            && out.contains("rein_server::App"),
+        "{out}"
+    );
+}
+
+/// A plugin written in Rust: a tool of its own.
+struct Stamps;
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Stamp {
+    /// What to stamp.
+    text: String,
+}
+
+impl Plugin for Stamps {
+    fn register(
+        &self,
+        registrar: &mut PluginRegistrar,
+    ) -> Result<(), rein::contract::state::StateError> {
+        registrar.register_tool(
+            "stamp",
+            tool_fn("stamp", "Stamps a text.", |s: Stamp, _ctx| async move {
+                Ok(format!("[stamped] {}", s.text))
+            }),
+        );
+        Ok(())
+    }
+}
+
+const PLUGIN_YAML: &str = r#"
+providers:
+  p:
+    kind: scripted
+    responses:
+      - { tool_calls: [ { name: stamp, arguments: { text: "ok" } }, { name: shout, arguments: { text: "hi" } } ] }
+      - "Stamped and shouted."
+models:
+  m: { provider: p, model: x }
+agents:
+  - id: clerk
+    model_id: m
+    plugin_ids: [stamps]
+    tools: [shout]
+    approvals: [ { tool: stamp, action: allow } ]
+"#;
+
+fn app() -> App {
+    let shout = tool_fn("shout", "Shouts.", |s: Stamp, _ctx| async move {
+        Ok(s.text.to_uppercase())
+    });
+    App::new()
+        .with_tool(shout)
+        .with_plugin("stamps", Arc::new(Stamps))
+}
+
+#[tokio::test]
+async fn an_app_s_plugin_and_tool_serve_the_agents_that_list_them() {
+    let app = app();
+    let deployment = Deployment::from_yaml_with(PLUGIN_YAML, &app.extras()).unwrap();
+    let assembled = rein_server::assemble::start_with(&deployment, &app)
+        .await
+        .unwrap();
+    let server = Server::start_assembled(assembled, deployment.server.clone()).await;
+    let (status, record) = server
+        .post(
+            "/v1/threads/t/runs?wait=true",
+            json!({"messages": [{"role": "user", "content": "go"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    let (_, history) = server.get("/v1/threads/t/messages").await;
+    let results: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(results, ["[stamped] ok", "HI"], "{history}");
+    server.stop().await;
+}
+
+#[test]
+fn a_file_naming_an_unknown_rust_plugin_or_tool_is_refused_listing_the_app_s() {
+    let app = app();
+    let text = PLUGIN_YAML
+        .replace("plugin_ids: [stamps]", "plugin_ids: [stampz]")
+        .replace("tools: [shout]", "tools: [shoot]");
+    let err = Deployment::from_yaml_with(&text, &app.extras()).unwrap_err();
+    let lines = err.lines().join("\n");
+    assert!(
+        lines.contains(":13:18: agent \"clerk\": unknown plugin \"stampz\"; known plugins: terminate, ask_user, stamps"),
+        "{lines}"
+    );
+    assert!(
+        lines.contains("unknown tool \"shoot\"")
+            && lines.contains("this program's Rust tools: shout"),
+        "{lines}"
+    );
+    // Without the app, the same names are unknown.
+    assert!(Deployment::from_yaml(PLUGIN_YAML).is_err());
+}
