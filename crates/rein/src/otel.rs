@@ -80,6 +80,10 @@ impl Otlp {
         }
         if self.json {
             exporter = exporter.with_protocol(Protocol::HttpJson);
+        } else if std::env::var_os("OTEL_EXPORTER_OTLP_PROTOCOL").is_none() {
+            // The exporter's own default is JSON when its JSON feature is
+            // built in; the OTLP default is protobuf.
+            exporter = exporter.with_protocol(Protocol::HttpBinary);
         }
         let exporter = exporter
             .build()

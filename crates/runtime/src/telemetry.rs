@@ -51,6 +51,12 @@ pub(crate) fn run_span(agent_id: &str, thread_id: &str, run_id: &str) -> Span {
     span
 }
 
+/// A count as `i64`: OpenTelemetry's integer type (`tracing-opentelemetry`
+/// exports a `u64` field as a string).
+fn int(count: u64) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
 /// Records how the run ended on its `invoke_agent` span.
 pub(crate) fn record_run_end(span: &Span, termination: &TerminationReason) {
     if span.is_disabled() {
@@ -89,7 +95,7 @@ pub(crate) fn chat_span(model: &ModelSpec, request: &InferenceRequest, content: 
         span.record("gen_ai.request.temperature", temperature);
     }
     if let Some(max) = request.max_output_tokens {
-        span.record("gen_ai.request.max_tokens", max);
+        span.record("gen_ai.request.max_tokens", int(u64::from(max)));
     }
     if content {
         let messages = serde_json::to_string(&**request.messages).unwrap_or_default();
@@ -111,8 +117,8 @@ pub(crate) fn record_chat_response(
         return;
     }
     if let Some(usage) = response.usage {
-        span.record("gen_ai.usage.input_tokens", usage.input_tokens);
-        span.record("gen_ai.usage.output_tokens", usage.output_tokens);
+        span.record("gen_ai.usage.input_tokens", int(usage.input_tokens));
+        span.record("gen_ai.usage.output_tokens", int(usage.output_tokens));
     }
     span.record("gen_ai.response.finish_reasons", reason);
     if content {

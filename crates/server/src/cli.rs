@@ -108,7 +108,7 @@ pub fn main() -> ExitCode {
 /// agents also getting `app`'s Rust tools and plugins ([`crate::App::main`]).
 pub(crate) fn main_with(app: &crate::App) -> ExitCode {
     let cli = Cli::parse();
-    init_logs(cli.log_format);
+    let _spans = init_logs(cli.log_format);
     match cli.command {
         Command::Check { config, probe } => check(&config, probe, app),
         Command::Serve {
@@ -138,20 +138,55 @@ pub(crate) fn main_with(app: &crate::App) -> ExitCode {
     }
 }
 
-fn init_logs(format: LogFormat) {
+/// Installs the log subscriber: lines on stderr filtered by `RUST_LOG`
+/// and, with the `otlp` feature and an OTLP endpoint in the environment,
+/// the GenAI spans exported over OTLP. The guard flushes the spans not yet
+/// sent when dropped (at the end of `main`).
+fn init_logs(format: LogFormat) -> Option<Box<dyn std::any::Any>> {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => logs.json().flatten_event(true).try_init(),
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let lines = match format {
+        LogFormat::Json => lines.json().flatten_event(true).with_filter(filter).boxed(),
         // Colour codes only for a terminal: logs piped to a file or
         // another program, or between `rein run`'s lines, stay plain text.
-        LogFormat::Text => logs
+        LogFormat::Text => lines
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
+            .with_filter(filter)
+            .boxed(),
     };
+    let registry = tracing_subscriber::registry().with(lines);
+    #[cfg(feature = "otlp")]
+    if let Some(service) = otlp_service() {
+        // The spans are exported whatever RUST_LOG lets through to stderr.
+        let spans = tracing_subscriber::filter::Targets::new()
+            .with_target(rein::telemetry::TARGET, tracing::Level::INFO);
+        match rein::otel::Otlp::new(service).layer() {
+            Ok((layer, guard)) => {
+                let _ = registry.with(layer.with_filter(spans)).try_init();
+                return Some(Box::new(guard));
+            }
+            Err(e) => eprintln!("rein: not exporting traces: {e}"),
+        }
+    }
+    let _ = registry.try_init();
+    None
+}
+
+/// The `service.name` to export spans as (`OTEL_SERVICE_NAME`, default
+/// `rein`), when an OTLP endpoint is set.
+#[cfg(feature = "otlp")]
+fn otlp_service() -> Option<String> {
+    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.is_empty());
+    (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")).then(|| {
+        std::env::var("OTEL_SERVICE_NAME")
+            .ok()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "rein".to_owned())
+    })
 }
 
 fn block_on(command: impl Future<Output = ExitCode>) -> ExitCode {

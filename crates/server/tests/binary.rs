@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../../rein/tests/otlp_collector/mod.rs"]
+mod otlp_collector;
+
 fn rein() -> Command {
     Command::new(env!("CARGO_BIN_EXE_rein"))
 }
@@ -988,4 +991,151 @@ fn check_puts_environment_values_into_the_file_and_names_an_unset_one_at_its_pos
         )),
         "{text}"
     );
+}
+
+/// `rein serve` with an OTLP endpoint in its environment: runs one message
+/// with a tool call, stops with SIGTERM, and returns what the collector
+/// received (paths and bodies, lossily as text).
+fn served_spans(protocol: Option<&str>) -> Vec<(String, String)> {
+    let (traces, bodies) = otlp_collector::collector();
+    let config = file(
+        &format!("otlp-{}", protocol.unwrap_or("default").replace('/', "-")),
+        "providers:\n  p:\n    kind: scripted\n    responses:\n      - { tool_calls: [ { name: terminate, arguments: { status: success, message: ok } } ], usage: { input: 12, output: 3 } }\nmodels:\n  m: { provider: p, model: tiny }\nagents:\n  - { id: clerk, model_id: m, plugin_ids: [terminate] }\n",
+    );
+    let mut command = rein();
+    command
+        .args(["serve", "--bind", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        // The base endpoint: the exporter appends /v1/traces.
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            traces.trim_end_matches("/v1/traces"),
+        )
+        .env("OTEL_SERVICE_NAME", "rein-binary-test")
+        .env("RUST_LOG", "off")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    if let Some(protocol) = protocol {
+        command.env("OTEL_EXPORTER_OTLP_PROTOCOL", protocol);
+    }
+    let mut child = command.spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines.next().unwrap().unwrap();
+    let addr = line
+        .strip_prefix("listening on http://")
+        .unwrap()
+        .to_owned();
+    let answer = http(
+        &addr,
+        "POST",
+        "/v1/threads/t-otlp/runs?wait=true",
+        r#"{"messages":[{"role":"user","content":"go"}]}"#,
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    signal(child.id(), "TERM");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    // Everything was flushed before the process exited.
+    let mut received = Vec::new();
+    while let Ok(body) = bodies.recv_timeout(Duration::from_millis(200)) {
+        received.push(body);
+    }
+    received
+}
+
+#[test]
+fn serve_exports_each_run_s_genai_spans_over_otlp_when_an_endpoint_is_set() {
+    let received = served_spans(Some("http/json"));
+    assert!(!received.is_empty(), "no export reached the collector");
+    let mut spans = Vec::new();
+    for (path, body) in &received {
+        assert_eq!(path, "/v1/traces");
+        let export: serde_json::Value = serde_json::from_str(body).unwrap();
+        for resource in export["resourceSpans"].as_array().unwrap() {
+            let service = resource["resource"]["attributes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["key"] == "service.name")
+                .unwrap();
+            assert_eq!(service["value"]["stringValue"], "rein-binary-test");
+            for scope in resource["scopeSpans"].as_array().unwrap() {
+                spans.extend(scope["spans"].as_array().unwrap().iter().cloned());
+            }
+        }
+    }
+    let named = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("no span {name}: {spans:#?}"))
+            .clone()
+    };
+    let run = named("invoke_agent clerk");
+    let chat = named("chat tiny");
+    let tool = named("execute_tool terminate");
+    // One trace: the inference and the tool call are children of the run.
+    for child in [&chat, &tool] {
+        assert_eq!(child["traceId"], run["traceId"]);
+        assert_eq!(child["parentSpanId"], run["spanId"]);
+    }
+    let attribute = |span: &serde_json::Value, key: &str| {
+        span["attributes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["key"] == key)
+            .map(|a| a["value"].clone())
+            .unwrap_or_else(|| panic!("{key} missing on {span}"))
+    };
+    assert_eq!(
+        attribute(&run, "gen_ai.conversation.id")["stringValue"],
+        "t-otlp"
+    );
+    assert_eq!(
+        attribute(&run, "rein.termination.code")["stringValue"],
+        "terminate"
+    );
+    // An int64 is a JSON string in OTLP/JSON; some encoders write a number.
+    let input = attribute(&chat, "gen_ai.usage.input_tokens")["intValue"].to_string();
+    assert_eq!(input.trim_matches('"'), "12");
+}
+
+#[test]
+fn serve_exports_protobuf_by_default_and_nothing_without_an_endpoint() {
+    let received = served_spans(None);
+    let all: String = received.iter().map(|(_, body)| body.as_str()).collect();
+    for name in [
+        "invoke_agent clerk",
+        "chat tiny",
+        "execute_tool terminate",
+        "rein-binary-test",
+    ] {
+        assert!(
+            all.contains(name),
+            "{name} missing from the protobuf export"
+        );
+    }
+    for (_, body) in &received {
+        assert!(
+            serde_json::from_str::<serde_json::Value>(body).is_err(),
+            "protobuf, not JSON"
+        );
+    }
+
+    // Without an endpoint, nothing is exported (and nothing fails).
+    let (_, bodies) = otlp_collector::collector();
+    let config = file(
+        "otlp-off",
+        "providers:\n  p: { kind: scripted, responses: [\"Hi.\"] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m }\n",
+    );
+    let output = rein()
+        .args(["run", "--config"])
+        .arg(&config)
+        .arg("hi")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    assert!(bodies.recv_timeout(Duration::from_millis(300)).is_err());
 }
