@@ -68,6 +68,7 @@ async fn a_model_call_a_tool_call_and_a_final_answer_make_one_run() {
             AgentEvent::TextDelta { .. } => "text_delta",
             AgentEvent::ToolCallStarted { .. } => "tool_call_started",
             AgentEvent::ToolCallFinished { .. } => "tool_call_finished",
+            AgentEvent::RoundUsage { .. } => "round_usage",
             AgentEvent::RunFinished { .. } => "run_finished",
             _ => "other",
         })
@@ -78,14 +79,29 @@ async fn a_model_call_a_tool_call_and_a_final_answer_make_one_run() {
             "run_started",
             "step_started",
             "text_delta",
+            "round_usage",
             "tool_call_started",
             "tool_call_finished",
             "step_started",
             "text_delta",
             "text_delta",
+            "round_usage",
             "run_finished"
         ]
     );
+    // Each round's tokens, in order; they add up to the run's.
+    let rounds: Vec<(u32, TokenUsage)> = events
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::RoundUsage { step, usage, .. } => Some((*step, *usage)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rounds.len(), 2);
+    assert_eq!((rounds[0].0, rounds[1].0), (1, 2));
+    let mut total = rounds[0].1;
+    total.add(rounds[1].1);
+    assert_eq!(total, result.usage);
     match events.last().unwrap() {
         AgentEvent::RunFinished {
             termination,

@@ -140,6 +140,19 @@ pub enum AgentEvent {
         /// The context policy's window, if the agent has one.
         window_tokens: Option<u64>,
     },
+    /// A round's inference answered: the tokens its provider reported for
+    /// it (none when the provider reported none). What a console charts
+    /// per round; the run's total is in `run_finished`.
+    RoundUsage {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The round number, from 1.
+        step: u32,
+        /// This inference's tokens.
+        usage: TokenUsage,
+    },
     /// The context policy compacted what the model sees: older tool results
     /// became references to the artifact store. `trigger` says why:
     /// `threshold` (over `compact.at`), `budget` (the next call would not
@@ -336,6 +349,7 @@ impl AgentEvent {
             Self::Nudge { .. } => "nudge",
             Self::Detected { .. } => "detected",
             Self::PromptEstimated { .. } => "prompt_estimated",
+            Self::RoundUsage { .. } => "round_usage",
             Self::ContextCompacted { .. } => "context_compacted",
             Self::ContextSummarized { .. } => "context_summarized",
             Self::Progress { .. } => "progress",
@@ -361,6 +375,7 @@ impl AgentEvent {
             | Self::Nudge { run_id, .. }
             | Self::Detected { run_id, .. }
             | Self::PromptEstimated { run_id, .. }
+            | Self::RoundUsage { run_id, .. }
             | Self::ContextCompacted { run_id, .. }
             | Self::ContextSummarized { run_id, .. }
             | Self::Progress { run_id, .. }
@@ -386,6 +401,7 @@ impl AgentEvent {
             | Self::Nudge { thread_id, .. }
             | Self::Detected { thread_id, .. }
             | Self::PromptEstimated { thread_id, .. }
+            | Self::RoundUsage { thread_id, .. }
             | Self::ContextCompacted { thread_id, .. }
             | Self::ContextSummarized { thread_id, .. }
             | Self::Progress { thread_id, .. }

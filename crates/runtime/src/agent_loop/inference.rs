@@ -348,6 +348,12 @@ impl Run {
         match response.usage {
             Some(usage) => {
                 self.usage.add(usage);
+                self.emit(|| AgentEvent::RoundUsage {
+                    run_id: self.id.run_id.clone(),
+                    thread_id: self.id.thread_id.clone(),
+                    step: self.steps,
+                    usage,
+                });
                 if let Some(context) = &self.context {
                     context.observe(usage.input_tokens);
                 }
