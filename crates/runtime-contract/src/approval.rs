@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 /// What a matching rule does with a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ApprovalAction {
     /// The call runs.

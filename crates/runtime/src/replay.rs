@@ -139,6 +139,7 @@ pub fn read_recording(text: &str) -> Result<Vec<Recorded>, String> {
 
 /// Where a condition would have acted in a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Firing {
     /// The round (from 1) after which it fired.
     pub round: u32,
@@ -152,6 +153,7 @@ pub struct Firing {
 
 /// One recorded run, replayed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RunReplay {
     /// The run.
     pub run_id: String,

@@ -21,6 +21,7 @@ pub mod agui;
 mod app;
 pub mod assemble;
 pub mod cli;
+pub mod console;
 pub mod deployment;
 pub mod http;
 pub mod probe;

@@ -14,27 +14,79 @@ use serde::Serialize;
 use crate::deployment::Deployment;
 
 /// How often one code fired over all runs.
-#[derive(Debug, Default, Serialize)]
-struct Tally {
+#[derive(Debug, Default, Serialize, schemars::JsonSchema)]
+pub(crate) struct Tally {
     /// Runs in which it fired at least once.
     runs: usize,
     /// Firings in all.
     firings: usize,
 }
 
-#[derive(Serialize)]
-struct Report<'a> {
-    runs: &'a [RunReplay],
+/// A replay's report: each recorded run with where each condition would
+/// have fired, how often each fired, and what the approval rules would
+/// have done (`rein replay --json`, `POST /v1/replay`).
+#[derive(Serialize, schemars::JsonSchema)]
+pub(crate) struct Report {
+    /// The recorded runs the agent's conditions judge, in order.
+    runs: Vec<RunReplay>,
+    /// How often each code fired.
     summary: Summary,
     /// Present when the agent has approval rules.
     #[serde(skip_serializing_if = "Option::is_none")]
     approvals: Option<ApprovalReport>,
 }
 
-#[derive(Serialize)]
-struct Summary {
+/// How often each code fired over all runs.
+#[derive(Serialize, schemars::JsonSchema)]
+pub(crate) struct Summary {
+    /// The runs replayed.
     runs: usize,
+    /// By stop code.
     codes: BTreeMap<String, Tally>,
+}
+
+/// Replays `recordings` (each a name for errors and its JSON-lines text)
+/// against `spec`.
+///
+/// # Errors
+///
+/// A recording that does not parse, or approval rules that do not
+/// compile; the message names the recording.
+pub(crate) fn report(spec: &AgentSpec, recordings: &[(String, String)]) -> Result<Report, String> {
+    let mut runs = Vec::new();
+    let mut approval_report: Option<ApprovalReport> = None;
+    for (name, text) in recordings {
+        let recording = read_recording(text).map_err(|message| format!("{name}: {message}"))?;
+        runs.extend(replay(spec, &recording));
+        if !spec.approvals.is_empty() {
+            let report = approvals(spec, &recording)
+                .map_err(|message| format!("agent \"{}\": {message}", spec.id))?;
+            match approval_report.as_mut() {
+                Some(all) => all.merge(report),
+                None => approval_report = Some(report),
+            }
+        }
+    }
+    let mut codes: BTreeMap<String, Tally> = BTreeMap::new();
+    for run in &runs {
+        let mut seen: Vec<&str> = Vec::new();
+        for f in &run.firings {
+            let tally = codes.entry(f.code.clone()).or_default();
+            tally.firings += 1;
+            if !seen.contains(&f.code.as_str()) {
+                seen.push(&f.code);
+                tally.runs += 1;
+            }
+        }
+    }
+    Ok(Report {
+        summary: Summary {
+            runs: runs.len(),
+            codes,
+        },
+        runs,
+        approvals: approval_report,
+    })
 }
 
 /// Runs the subcommand.
@@ -52,60 +104,24 @@ pub(crate) fn command(
             return ExitCode::FAILURE;
         }
     };
-    let mut runs = Vec::new();
-    let mut approval_report: Option<ApprovalReport> = None;
+    let mut texts = Vec::new();
     for path in recordings {
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
+        match std::fs::read_to_string(path) {
+            Ok(text) => texts.push((path.display().to_string(), text)),
             Err(e) => {
                 eprintln!("rein: {}: cannot read the recording: {e}", path.display());
                 return ExitCode::FAILURE;
             }
-        };
-        match read_recording(&text) {
-            Ok(recording) => {
-                runs.extend(replay(&spec, &recording));
-                if !spec.approvals.is_empty() {
-                    match approvals(&spec, &recording) {
-                        Ok(report) => match approval_report.as_mut() {
-                            Some(all) => all.merge(report),
-                            None => approval_report = Some(report),
-                        },
-                        Err(message) => {
-                            eprintln!("rein: {}: {message}", config.display());
-                            return ExitCode::FAILURE;
-                        }
-                    }
-                }
-            }
-            Err(message) => {
-                eprintln!("rein: {}: {message}", path.display());
-                return ExitCode::FAILURE;
-            }
         }
     }
-    let mut codes: BTreeMap<String, Tally> = BTreeMap::new();
-    for run in &runs {
-        let mut seen: Vec<&str> = Vec::new();
-        for f in &run.firings {
-            let tally = codes.entry(f.code.clone()).or_default();
-            tally.firings += 1;
-            if !seen.contains(&f.code.as_str()) {
-                seen.push(&f.code);
-                tally.runs += 1;
-            }
+    let report = match report(&spec, &texts) {
+        Ok(report) => report,
+        Err(message) => {
+            eprintln!("rein: {message}");
+            return ExitCode::FAILURE;
         }
-    }
-    let summary = Summary {
-        runs: runs.len(),
-        codes,
     };
     if json {
-        let report = Report {
-            runs: &runs,
-            summary,
-            approvals: approval_report,
-        };
         match serde_json::to_string_pretty(&report) {
             Ok(text) => println!("{text}"),
             Err(e) => {
@@ -114,9 +130,9 @@ pub(crate) fn command(
             }
         }
     } else {
-        print!("{}", table(&runs, &summary));
-        if let Some(report) = &approval_report {
-            print!("{}", approvals_table(report));
+        print!("{}", table(&report.runs, &report.summary));
+        if let Some(approvals) = &report.approvals {
+            print!("{}", approvals_table(approvals));
         }
     }
     ExitCode::SUCCESS

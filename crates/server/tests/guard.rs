@@ -310,3 +310,56 @@ fn a_decision_records_the_name_of_the_token_that_took_it() {
         "approval_decided names who decided: {events}"
     );
 }
+
+#[test]
+fn with_auth_the_console_s_assets_need_no_token_and_the_api_behind_them_does() {
+    let yaml = format!("{AGENTS}server:\n  auth: {{ tokens_env: REIN_TEST_TOKENS }}\n");
+    let serve = Serve::start(&file("console", &yaml));
+    let get = |path: &str, token: &str| {
+        let auth = if token.is_empty() {
+            String::new()
+        } else {
+            format!("\r\nauthorization: Bearer {token}")
+        };
+        serve.send(
+            &format!("GET {path} HTTP/1.1\r\nhost: api.example{auth}"),
+            "",
+        )
+    };
+    let (status, headers, page) = get("/", "");
+    assert_eq!(status, 200);
+    assert!(headers.contains("content-type: text/html"), "{headers}");
+    assert!(
+        headers.contains("content-security-policy: default-src 'self'"),
+        "{headers}"
+    );
+    assert!(page.contains("/console/app.js"), "{page}");
+    for (path, kind) in [
+        ("/console/app.js", "text/javascript"),
+        ("/console/app.css", "text/css"),
+    ] {
+        let (status, headers, body) = get(path, "");
+        assert_eq!(status, 200, "{path}");
+        assert!(
+            headers.contains(kind) && !body.is_empty(),
+            "{path}: {headers}"
+        );
+    }
+    // What the page shows comes from the API, which needs the token.
+    for path in ["/v1/runs", "/v1/threads", "/v1/approvals", "/v1/agents"] {
+        let (status, _, body) = get(path, "");
+        assert_eq!(
+            (status, code(&body)),
+            (401, "unauthorized".into()),
+            "{path}"
+        );
+        let (status, _, _) = get(path, "read-token-0123456789");
+        assert_eq!(status, 200, "{path}");
+    }
+    // Only GET: the console's paths take nothing else without a token.
+    let (status, _, body) = serve.send(
+        "POST / HTTP/1.1\r\nhost: api.example\r\ncontent-type: application/json",
+        "{}",
+    );
+    assert_eq!((status, code(&body)), (401, "unauthorized".into()));
+}

@@ -932,3 +932,66 @@ agents:
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_recording_is_replayed_over_http_and_bad_input_is_refused_naming_it() {
+    let server = Server::start(
+        "providers:\n  p: { kind: scripted, responses: [\"Fine.\"] }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: guarded, model_id: m, stop_conditions: [ { type: tool_call_loop, threshold: 3 } ] }\n  - { id: plain, model_id: m }\n",
+    )
+    .await;
+    let recording = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/loop-recording.jsonl"
+    ))
+    .unwrap();
+    let (status, report) = server
+        .post(
+            "/v1/replay",
+            serde_json::json!({"agent_id": "guarded", "recording": recording}),
+        )
+        .await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["summary"]["runs"], 1, "{report}");
+    assert_eq!(report["runs"][0]["firings"][0]["code"], "tool_call_loop");
+    assert_eq!(report["summary"]["codes"]["tool_call_loop"]["firings"], 1);
+
+    let (status, body) = server
+        .post(
+            "/v1/replay",
+            serde_json::json!({"agent_id": "nobody", "recording": recording}),
+        )
+        .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (404, &serde_json::json!("unknown_agent"))
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("guarded, plain"),
+        "{body}"
+    );
+    let (status, body) = server
+        .post("/v1/replay", serde_json::json!({"recording": recording}))
+        .await;
+    assert_eq!(status, 404, "two agents: name one: {body}");
+    let (status, body) = server
+        .post(
+            "/v1/replay",
+            serde_json::json!({"agent_id": "plain", "recording": "{not json\n"}),
+        )
+        .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (422, &serde_json::json!("invalid_recording"))
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("line 1"),
+        "{body}"
+    );
+    server.stop().await;
+}

@@ -28,6 +28,7 @@ use crate::approvals::ASK_USER;
 /// What an agent's approval rules would have done to the tool calls of a
 /// recording ([`approvals`] says which calls count).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ApprovalReport {
     /// Runs read.
     pub runs: usize,
@@ -43,6 +44,7 @@ pub struct ApprovalReport {
 
 /// What the rules would have done to one tool's calls.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ToolTally {
     /// Calls seen.
     pub calls: usize,
@@ -60,6 +62,7 @@ pub struct ToolTally {
 
 /// How many calls one rule would have decided.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RuleTally {
     /// The rule's position in the agent's `approvals` (from 0).
     pub index: usize,

@@ -282,8 +282,11 @@ pub(crate) async fn check(
             origin,
         );
     }
+    // Liveness and the console's assets (they hold no data) need no token.
+    let path = request.uri().path();
     if let Some(tokens) = &guard.tokens
-        && request.uri().path() != "/healthz"
+        && path != "/healthz"
+        && !(request.method() == Method::GET && crate::console::PATHS.contains(&path))
     {
         let presented = headers
             .get(header::AUTHORIZATION)

@@ -74,6 +74,21 @@ fn routes() -> Routes {
     const NO_RUN: (u16, &str) = (404, "unknown_run");
     const UNAVAILABLE: (u16, &str) = (503, "store_unavailable, shutting_down");
     Routes::new()
+        .add("get", "/", get(crate::console::index), |o| {
+            o.summary("The web console (docs/console.md).")
+                .answer_text(200, "text/html", "the console's page")
+                .public()
+        })
+        .add("get", "/console/app.js", get(crate::console::script), |o| {
+            o.summary("The console's script.")
+                .answer_text(200, "text/javascript", "the script")
+                .public()
+        })
+        .add("get", "/console/app.css", get(crate::console::style), |o| {
+            o.summary("The console's style sheet.")
+                .answer_text(200, "text/css", "the style sheet")
+                .public()
+        })
         .add("get", "/healthz", get(healthz), |o| {
             o.summary("Liveness: the service and its store answer.")
                 .answer::<Health>(200, "up")
@@ -179,6 +194,12 @@ fn routes() -> Routes {
                 .answer_empty(204, "deleted")
                 .refusals(&[(409, "thread_owned_elsewhere, previous_run_stuck")])
         })
+        .add("post", "/v1/replay", post(replay_recording), |o| {
+            o.summary("Replay a recording against an agent's stop conditions, detectors and approval rules: where each would have fired.")
+                .body::<ReplayBody>()
+                .answer::<crate::replay::Report>(200, "the replay's report")
+                .refusals(&[(404, "unknown_agent"), (422, "invalid_recording")])
+        })
         .add("post", "/v1/ag-ui/{agent_id}", post(agui::run), |o| {
             o.summary("Run the agent with an AG-UI RunAgentInput; AG-UI events as SSE.")
                 .body::<agui::RunAgentInput>()
@@ -238,6 +259,45 @@ struct AgentView {
     model_id: String,
     /// Every tool it can call.
     tools: Vec<String>,
+    /// The tokens its `token_budget` stop condition allows a run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_budget: Option<u64>,
+}
+
+/// `POST /v1/replay`'s body.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ReplayBody {
+    /// The agent whose stop conditions, detectors and approval rules judge
+    /// the recording (the only agent when omitted).
+    #[serde(default)]
+    agent_id: Option<String>,
+    /// The recording: JSON lines as `rein serve --record` or a `JsonlSink`
+    /// writes them.
+    recording: String,
+}
+
+/// `POST /v1/replay`: what an agent's run control would have done to a
+/// recording.
+async fn replay_recording(
+    State(service): State<Service>,
+    JsonBody(body): JsonBody<ReplayBody>,
+) -> Result<Json<crate::replay::Report>, ApiError> {
+    let runtime = service.runtime();
+    let Some(spec) = runtime.agent_spec(body.agent_id.as_deref()) else {
+        let known = runtime.agent_ids().join(", ");
+        return Err(ApiError::new(
+            404,
+            "unknown_agent",
+            match body.agent_id {
+                Some(id) => format!("no agent \"{id}\"; known agents: {known}"),
+                None => format!("name the agent: agent_id is one of {known}"),
+            },
+        ));
+    };
+    crate::replay::report(spec, &[("the recording".to_owned(), body.recording)])
+        .map(Json)
+        .map_err(|message| ApiError::new(422, "invalid_recording", message))
 }
 
 async fn agents(State(service): State<Service>) -> Json<Vec<AgentView>> {
@@ -252,10 +312,17 @@ async fn agents(State(service): State<Service>) -> Json<Vec<AgentView>> {
                 .into_iter()
                 .map(|t| t.name)
                 .collect();
+            let token_budget = spec.stop_conditions.iter().find_map(|c| match c {
+                rein::contract::lifecycle::StopConditionSpec::TokenBudget { max_total } => {
+                    u64::try_from(*max_total).ok()
+                }
+                _ => None,
+            });
             Some(AgentView {
                 id: id.to_owned(),
                 model_id: spec.model_id.clone(),
                 tools,
+                token_budget,
             })
         })
         .collect();
