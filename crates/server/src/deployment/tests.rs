@@ -227,3 +227,78 @@ fn sub_agents_load_and_an_unknown_one_or_a_cycle_is_an_error_at_its_entry() {
     );
     assert!(typo[0].contains("agnt"), "{typo:?}");
 }
+
+/// The keys the loader accepts where `yaml` puts an unknown key `bogus`
+/// (or type `bogus`), read from its error's "expected …" list.
+fn accepted_keys(yaml: &str) -> Vec<String> {
+    let error = Deployment::from_yaml(yaml).unwrap_err().to_string();
+    let expected = error
+        .split_once("expected")
+        .map(|(_, rest)| rest)
+        .unwrap_or_else(|| panic!("{yaml}: no list of keys in {error}"));
+    let quoted: Vec<String> = expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    if !quoted.is_empty() {
+        return quoted;
+    }
+    // Stop condition types: "expected one of: a, b, c".
+    expected
+        .trim_start_matches(" one of:")
+        .split(',')
+        .map(|k| k.trim().to_owned())
+        .collect()
+}
+
+#[test]
+fn the_reference_page_documents_every_key_the_loader_accepts() {
+    let reference = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/deployment.md"
+    ))
+    .unwrap();
+    let probes = [
+        "bogus: 1",
+        "providers: { p: { kind: openai_compatible, base_url: x, bogus: 1 } }",
+        "providers: { p: { kind: scripted, bogus: 1 } }",
+        "models: { m: { provider: p, model: x, bogus: 1 } }",
+        "mcp_servers: { s: { command: x, bogus: 1 } }",
+        "server: { bogus: 1 }",
+        "server: { auth: { bogus: 1 } }",
+        "server: { cors: { bogus: 1 } }",
+        "server: { connections: { bogus: 1 } }",
+        "server: { retention: { bogus: 1 } }",
+        "store: { bogus: 1 }",
+        "store: { postgres: { bogus: 1 } }",
+        "artifacts: { bogus: 1 }",
+        "agents: [ { id: a, bogus: 1 } ]",
+        "agents: [ { id: a, subagents: [ { agent: b, bogus: 1 } ] } ]",
+        "agents: [ { id: a, context: { bogus: 1 } } ]",
+        "agents: [ { id: a, context: { offload: { bogus: 1 } } } ]",
+        "agents: [ { id: a, context: { compact: { bogus: 1 } } } ]",
+        "agents: [ { id: a, context: { summarize: { bogus: 1 } } } ]",
+        "agents: [ { id: a, approvals: [ { tool: x, bogus: 1 } ] } ]",
+        "agents: [ { id: a, stop_conditions: [ { type: bogus } ] } ]",
+    ];
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for probe in probes {
+        let keys = accepted_keys(probe);
+        assert!(!keys.is_empty(), "{probe}");
+        for key in keys {
+            checked += 1;
+            // A key of its own row (`key`), or a nested one (`section.key`).
+            if !reference.contains(&format!("`{key}`")) && !reference.contains(&format!(".{key}`")) {
+                missing.push(format!("{key} (from {probe})"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/deployment.md does not document: {missing:#?}"
+    );
+    assert!(checked > 80, "only {checked} keys were found");
+}
