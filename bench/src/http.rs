@@ -63,6 +63,11 @@ fn service(keep: usize) -> Service {
 
 /// Serves `service` on a free loopback port; returns its base URL.
 async fn serve(service: Service) -> String {
+    serve_with(service, rein_server::deployment::ServerSettings::default()).await
+}
+
+/// [`serve`] with `settings`.
+async fn serve_with(service: Service, settings: rein_server::deployment::ServerSettings) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .unwrap_or_else(|e| fail(&format!("cannot bind: {e}")));
@@ -75,10 +80,21 @@ async fn serve(service: Service) -> String {
     tokio::spawn(rein_server::serve(
         listener,
         service,
-        rein_server::deployment::ServerSettings::default(),
+        settings,
         std::future::pending(),
     ));
     url
+}
+
+/// The token W7 with auth on presents: `REIN_BENCH_TOKENS`, which
+/// `cargo xtask bench` sets, holds `bench=<token>`.
+fn bench_token() -> String {
+    std::env::var("REIN_BENCH_TOKENS")
+        .ok()
+        .and_then(|t| t.split_once('=').map(|(_, token)| token.to_owned()))
+        .unwrap_or_else(|| {
+            fail("http_auth: set REIN_BENCH_TOKENS=bench=<token> (cargo xtask bench does)")
+        })
 }
 
 fn body(thread: &str) -> rein::serde_json::Value {
@@ -93,20 +109,83 @@ fn body(thread: &str) -> rein::serde_json::Value {
 /// round-trip latency.
 pub(crate) async fn round_trips(clients: usize, runs: usize) {
     let url = serve(service(10_000)).await;
-    let per_client = runs.div_ceil(clients);
     let start = Instant::now();
+    let latencies = sorted(batch(&url, None, clients, runs, "w7").await);
+    let wall = start.elapsed().as_secs_f64();
+    emit(
+        "http",
+        "runs_per_sec",
+        latencies.len() as f64 / wall,
+        "runs/s",
+    );
+    emit("http", "latency_p50", percentile(&latencies, 0.5), "ms");
+    emit("http", "latency_p99", percentile(&latencies, 0.99), "ms");
+}
+
+/// W7 with auth on, against W7 in the same process: two servers, one
+/// checking bearer tokens (`server.auth`, every request presenting one),
+/// and batches of W7 alternating between them (the order flipped each
+/// time), so that drifts of the machine fall on both alike. Runs/s of each
+/// and their ratio.
+pub(crate) async fn auth_round_trips(clients: usize, runs: usize, batches: usize) {
+    let settings = rein_server::deployment::ServerSettings {
+        auth: Some(rein_server::deployment::AuthSettings {
+            tokens_env: "REIN_BENCH_TOKENS".to_owned(),
+        }),
+        ..rein_server::deployment::ServerSettings::default()
+    };
+    let token = bench_token();
+    let open = serve(service(10_000)).await;
+    let guarded = serve_with(service(10_000), settings).await;
+    let per_batch = runs.div_ceil(batches);
+    let (mut plain, mut auth) = ((0, 0.0), (0, 0.0));
+    for b in 0..batches {
+        for with_auth in if b % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        } {
+            let (url, token, tally) = if with_auth {
+                (&guarded, Some(token.as_str()), &mut auth)
+            } else {
+                (&open, None, &mut plain)
+            };
+            let start = Instant::now();
+            let done = batch(url, token, clients, per_batch, &format!("w7a-{b}"))
+                .await
+                .len();
+            tally.0 += done;
+            tally.1 += start.elapsed().as_secs_f64();
+        }
+    }
+    let (plain, auth) = (plain.0 as f64 / plain.1, auth.0 as f64 / auth.1);
+    emit("http_auth", "runs_per_sec_without_auth", plain, "runs/s");
+    emit("http_auth", "runs_per_sec_with_auth", auth, "runs/s");
+    emit("http_auth", "with_over_without", auth / plain, "ratio");
+}
+
+/// `clients` clients submitting `?wait=true` runs on threads of their own
+/// until `runs` are done, with `token` if given; each run's latency (ms).
+async fn batch(url: &str, token: Option<&str>, clients: usize, runs: usize, tag: &str) -> Vec<f64> {
+    let per_client = runs.div_ceil(clients);
     let mut tasks = Vec::with_capacity(clients);
     for c in 0..clients {
-        let url = url.clone();
+        let url = url.to_owned();
+        let token = token.map(str::to_owned);
+        let tag = tag.to_owned();
         tasks.push(tokio::spawn(async move {
             let client = reqwest::Client::new();
             let mut latencies = Vec::with_capacity(per_client);
             for i in 0..per_client {
-                let thread = format!("w7-{c}-{i}");
+                let thread = format!("{tag}-{c}-{i}");
                 let t0 = Instant::now();
-                let response = client
+                let mut request = client
                     .post(format!("{url}/v1/threads/{thread}/runs?wait=true"))
-                    .json(&body(&thread))
+                    .json(&body(&thread));
+                if let Some(token) = &token {
+                    request = request.bearer_auth(token);
+                }
+                let response = request
                     .send()
                     .await
                     .unwrap_or_else(|e| fail(&format!("http: {e}")));
@@ -126,16 +205,7 @@ pub(crate) async fn round_trips(clients: usize, runs: usize) {
     for task in tasks {
         latencies.extend(task.await.unwrap_or_else(|e| fail(&e.to_string())));
     }
-    let wall = start.elapsed().as_secs_f64();
-    let latencies = sorted(latencies);
-    emit(
-        "http",
-        "runs_per_sec",
-        latencies.len() as f64 / wall,
-        "runs/s",
-    );
-    emit("http", "latency_p50", percentile(&latencies, 0.5), "ms");
-    emit("http", "latency_p99", percentile(&latencies, 0.99), "ms");
+    latencies
 }
 
 /// W7b: submit (no wait), then open the run's SSE stream; the time from

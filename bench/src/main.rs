@@ -653,6 +653,10 @@ fn main() {
         "chanting_spaces" => chanting("chanting_spaces", Answer::Spaces, scale(1 << 20, 2048)),
         "chanting_rules" => chanting("chanting_rules", Answer::Rules, scale(1 << 20, 2048)),
         "http" => on_worker(&rt, http::round_trips(scale(64, 4), scale(20_000, 16))),
+        "http_auth" => on_worker(
+            &rt,
+            http::auth_round_trips(scale(64, 4), scale(40_000, 16), scale(10, 2)),
+        ),
         "http_first_event" => on_worker(&rt, http::first_event(scale(1000, 5))),
         "http_retention" => on_worker(
             &rt,

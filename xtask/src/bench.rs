@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// The workloads, in order, with their names in the table
 /// (`external`: driven from the thread that owns the runtime, not a worker).
-pub(crate) const WORKLOADS: [(&str, &str); 34] = [
+pub(crate) const WORKLOADS: [(&str, &str); 35] = [
     ("rounds", "W1"),
     ("rounds_external", "W1 external"),
     ("rounds_policies", "W1b"),
@@ -33,6 +33,7 @@ pub(crate) const WORKLOADS: [(&str, &str); 34] = [
     ("chanting_spaces", "W6 on spaces"),
     ("chanting_rules", "W6 on rule characters"),
     ("http", "W7"),
+    ("http_auth", "W7 with auth on, against W7 interleaved"),
     ("http_first_event", "W7b"),
     ("http_retention", "retention after 100 000 runs"),
     ("subagent_cancel", "W12"),
@@ -113,7 +114,11 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
         )
     })?;
     // The cluster workloads run real `rein serve` processes.
-    let mut envs = Vec::new();
+    // W7 with auth on: the server's tokens and the clients' one.
+    let mut envs = vec![(
+        "REIN_BENCH_TOKENS".to_owned(),
+        "bench=bench-token-0123456789abcdef".to_owned(),
+    )];
     if selected.iter().any(|w| w.starts_with("cluster_")) {
         if std::env::var("REIN_DATABASE_URL").is_err() {
             let _ = std::fs::remove_file(&binary);

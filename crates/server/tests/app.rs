@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -60,24 +59,13 @@ async fn the_example_binary_serves_its_typed_rust_tool_over_http() {
             .spawn()
             .unwrap(),
     );
-    let mut line = String::new();
-    BufReader::new(child.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_owned();
+    let url = common::listening(&mut child.0);
     let client = reqwest::Client::new();
-    let agents: Value = client
-        .get(format!("{url}/v1/agents"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let get = |path: &str| {
+        let request = client.get(format!("{url}{path}"));
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let agents = get("/v1/agents").await;
     assert_eq!(agents[0]["tools"], json!(["lookup_order"]), "{agents}");
     let record: Value = client
         .post(format!("{url}/v1/threads/t1/runs?wait=true"))
@@ -89,14 +77,7 @@ async fn the_example_binary_serves_its_typed_rust_tool_over_http() {
         .await
         .unwrap();
     assert_eq!(record["termination"]["type"], "natural_end", "{record}");
-    let history: Value = client
-        .get(format!("{url}/v1/threads/t1/messages"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let history = get("/v1/threads/t1/messages").await;
     let result = history
         .as_array()
         .unwrap()

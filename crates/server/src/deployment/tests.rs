@@ -291,7 +291,8 @@ fn the_reference_page_documents_every_key_the_loader_accepts() {
         for key in keys {
             checked += 1;
             // A key of its own row (`key`), or a nested one (`section.key`).
-            if !reference.contains(&format!("`{key}`")) && !reference.contains(&format!(".{key}`")) {
+            if !reference.contains(&format!("`{key}`")) && !reference.contains(&format!(".{key}`"))
+            {
                 missing.push(format!("{key} (from {probe})"));
             }
         }

@@ -181,6 +181,20 @@ impl Server {
     }
 }
 
+/// The URL a spawned `rein serve` (stdout piped) announces on its one
+/// line, `listening on <url>`.
+pub fn listening(child: &mut std::process::Child) -> String {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    line.trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("no listening line: {line:?}"))
+        .to_owned()
+}
+
 /// Reads up to `max` SSE events from a response (to its end if fewer).
 pub async fn read_sse(response: reqwest::Response, max: usize) -> Vec<(String, String, Value)> {
     let mut body = response.bytes_stream();
