@@ -56,7 +56,38 @@ pub(crate) const WORKLOADS: [(&str, &str); 35] = [
     ),
 ];
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// `--compare REV`: builds `rev` and runs both sides interleaved.
+#[allow(clippy::too_many_arguments)]
+fn compare_with(
+    rev: &str,
+    binary: &std::path::Path,
+    envs: &[(String, String)],
+    selected: &[&str],
+    profile: &str,
+    rounds: usize,
+    tiny: bool,
+    timeout: Duration,
+) -> Result<(), String> {
+    let cluster = selected.iter().any(|w| w.starts_with("cluster_"));
+    let old = crate::compare::build_revision(rev, profile, cluster)?;
+    let rein = envs
+        .iter()
+        .find(|(k, _)| k == "REIN_BIN")
+        .map(|(_, v)| std::path::PathBuf::from(v));
+    let this = crate::compare::Side {
+        label: "this tree".to_owned(),
+        bench: binary.to_path_buf(),
+        rein,
+    };
+    let envs: Vec<(String, String)> = envs
+        .iter()
+        .filter(|(k, _)| k != "REIN_BIN")
+        .cloned()
+        .collect();
+    crate::compare::run(&[old, this], &envs, selected, rounds, tiny, timeout)
+}
+
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -65,6 +96,15 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
     let tiny = args.iter().any(|a| a == "--tiny");
     let option = |name: &str| args.windows(2).find(|w| w[0] == name).map(|w| w[1].clone());
     let json = option("--json");
+    let compare = option("--compare");
+    let rounds = match option("--rounds") {
+        Some(r) => r
+            .parse::<usize>()
+            .ok()
+            .filter(|r| *r > 0)
+            .ok_or_else(|| format!("--rounds takes a number of rounds, not \"{r}\""))?,
+        None => 5,
+    };
     let timeout = match option("--timeout") {
         Some(t) => Duration::from_secs(
             t.parse()
@@ -77,7 +117,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
     for a in args {
         if skip_next {
             skip_next = false;
-        } else if a == "--json" || a == "--timeout" {
+        } else if a == "--json" || a == "--timeout" || a == "--compare" || a == "--rounds" {
             skip_next = true;
         } else if !a.starts_with("--") {
             names.push(a.clone());
@@ -138,7 +178,12 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
         )?;
         envs.push(("REIN_BIN".to_owned(), rein.display().to_string()));
     }
-    let result = run_all(&binary, &envs, &selected, tiny, timeout, json);
+    let result = match compare {
+        Some(rev) => compare_with(
+            &rev, &binary, &envs, &selected, profile, rounds, tiny, timeout,
+        ),
+        None => run_all(&binary, &envs, &selected, tiny, timeout, json),
+    };
     let _ = std::fs::remove_file(&binary);
     result
 }
@@ -171,17 +216,10 @@ fn run_all(
                     break;
                 }
             };
-            for line in stdout.lines() {
-                let parts: Vec<&str> = line.split_whitespace().collect();
-                let [name, metric, value, unit] = parts[..] else {
-                    continue;
-                };
-                let Ok(value) = value.parse::<f64>() else {
-                    continue;
-                };
+            for (figure, value, unit) in parse_metrics(&stdout) {
                 results
-                    .entry((order, format!("{name} {metric}")))
-                    .or_insert_with(|| (Vec::new(), unit.to_owned()))
+                    .entry((order, figure))
+                    .or_insert_with(|| (Vec::new(), unit))
                     .0
                     .push(value);
             }
@@ -207,10 +245,26 @@ fn run_all(
     }
 }
 
+/// The figures a workload printed, one per line `NAME METRIC VALUE UNIT`:
+/// (`NAME METRIC`, value, unit); other lines are skipped.
+pub(crate) fn parse_metrics(stdout: &str) -> Vec<(String, f64, String)> {
+    stdout
+        .lines()
+        .filter_map(|line| {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            let [name, metric, value, unit] = parts[..] else {
+                return None;
+            };
+            let value = value.parse::<f64>().ok()?;
+            Some((format!("{name} {metric}"), value, unit.to_owned()))
+        })
+        .collect()
+}
+
 /// Runs `cmd` and returns its standard output, or an error with its standard
 /// error when it fails, or when it runs longer than `timeout` (it is then
 /// killed).
-fn run_bounded(mut cmd: Command, timeout: Duration) -> Result<String, String> {
+pub(crate) fn run_bounded(mut cmd: Command, timeout: Duration) -> Result<String, String> {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -257,5 +311,28 @@ fn run_bounded(mut cmd: Command, timeout: Duration) -> Result<String, String> {
         None => Err(format!("killed after {} s (--timeout)", timeout.as_secs())),
         Some(status) if status.success() => Ok(stdout),
         Some(status) => Err(format!("{status}: {}", stderr.trim())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workload_s_figures_are_read_from_its_metric_lines_only() {
+        let stdout = "warming up\nrounds per_round_us 3.25 µs\nhttp runs_per_sec 12504.5 runs/s\nrounds note not-a-number x\n";
+        assert_eq!(
+            parse_metrics(stdout),
+            vec![
+                ("rounds per_round_us".to_owned(), 3.25, "µs".to_owned()),
+                ("http runs_per_sec".to_owned(), 12504.5, "runs/s".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_median_is_the_middle_value_whatever_the_order() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![5.0]), 5.0);
     }
 }

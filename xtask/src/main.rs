@@ -9,9 +9,11 @@
 //!   for the durable-mode tests: the shared one, or with `--private` a fresh
 //!   one of its own that `stop` deletes (`.ci/run` uses it; see `postgres`).
 //! - `bench [NAME…] [--json PATH] [--tiny] [--timeout SECS]`: the benchmark
-//!   workloads (see `bench`).
+//!   workloads (see `bench`); with `--compare REV [--rounds N]`, against
+//!   another revision's, interleaved, with ratios (see `compare`).
 
 mod bench;
+mod compare;
 mod local_llm;
 mod postgres;
 
@@ -164,13 +166,16 @@ commands:
                                        --private: a fresh cluster of its own (for CI), also
                                        printing REIN_PG_DIR=<dir>; with REIN_PG_DIR exported,
                                        stop|restart|status act on it and stop deletes it
-  bench [NAME...] [--json PATH] [--tiny] [--timeout SECS]
+  bench [NAME...] [--json PATH] [--tiny] [--timeout SECS] [--compare REV [--rounds N]]
                                        release-mode benchmarks, median of 3 fresh processes,
+                                       or with --compare, this tree against revision REV
+                                       (built under target/bench-compare), N rounds
+                                       (default 5) interleaved, with each figure's ratio;
                                        each killed after SECS (default 120); names: rounds
                                        rounds_external rounds_policies rounds_loops rounds_control rounds_events concurrent
                                        cancel cancel_pause cancel_external cancel_external_pause
                                        cancel_open mailbox mailbox_external policies chanting
-                                       chanting_spaces chanting_rules http http_first_event
+                                       chanting_spaces chanting_rules http http_auth http_first_event
                                        http_retention subagent_cancel subagent_overhead
                                        approval_resume approval_parked_memory,
                                        cluster_cancel, cluster_submit,
