@@ -212,19 +212,7 @@ pub(crate) fn us_rfc3339(us: u64) -> String {
 impl RunSummary {
     /// The summary of a kept run.
     pub(crate) fn of(entry: &RunEntry) -> Self {
-        let record = entry.record();
-        Self {
-            termination: record.termination.as_ref().map(|t| t.code().to_owned()),
-            parent_run_id: record.parent_run_id,
-            created_at: us_rfc3339(entry.created_us()),
-            finished_at: entry.finished_us().map(us_rfc3339),
-            steps: record.steps,
-            usage: record.usage,
-            run_id: record.run_id,
-            thread_id: record.thread_id,
-            agent_id: record.agent_id,
-            status: record.status,
-        }
+        entry.listed()
     }
 }
 

@@ -288,10 +288,6 @@ impl RunEntry {
         self.created_us
     }
 
-    /// When it finished, in microseconds since the Unix epoch.
-    pub(crate) fn finished_us(&self) -> Option<u64> {
-        self.state().finished_us
-    }
 
     /// For a sub-agent's run: its parent run and the parent's tool call.
     pub(crate) fn parent(&self) -> Option<(String, String)> {
@@ -353,6 +349,30 @@ impl RunEntry {
         }
         record.children.clone_from(&state.children);
         record
+    }
+
+    /// What a listing shows of it, read under one lock, without building
+    /// its record (no answer or report copied).
+    pub(crate) fn listed(&self) -> crate::listing::RunSummary {
+        use crate::listing::us_rfc3339;
+        let state = self.state();
+        let result = state.result.as_ref();
+        crate::listing::RunSummary {
+            run_id: self.run_id.clone(),
+            thread_id: self.thread_id.clone(),
+            agent_id: self.agent_id.clone(),
+            status: if result.is_some() {
+                RunStatus::Finished
+            } else {
+                state.status
+            },
+            termination: result.map(|r| r.termination.code().to_owned()),
+            parent_run_id: state.parent.as_ref().map(|(run, _)| run.clone()),
+            created_at: us_rfc3339(self.created_us),
+            finished_at: state.finished_us.map(us_rfc3339),
+            steps: result.map(|r| r.steps),
+            usage: result.map(|r| r.usage),
+        }
     }
 
     /// The decisions taken on its calls so far.

@@ -48,13 +48,19 @@ pub fn router(
     let limit = settings.body_limit_bytes;
     let guard = std::sync::Arc::new(guard::Guard::new(settings)?);
     let (routes, document) = routes().finish();
-    let document = std::sync::Arc::new(document);
+    // Serialized once: every request gets the same bytes.
+    let document = axum::body::Bytes::from(document.to_string());
     Ok(routes
         .route(
             "/openapi.json",
             get(move || {
                 let document = document.clone();
-                async move { Json(document.as_ref().clone()) }
+                async move {
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        document,
+                    )
+                }
             }),
         )
         .fallback(not_found)
