@@ -288,7 +288,6 @@ impl RunEntry {
         self.created_us
     }
 
-
     /// For a sub-agent's run: its parent run and the parent's tool call.
     pub(crate) fn parent(&self) -> Option<(String, String)> {
         self.state().parent.clone()
