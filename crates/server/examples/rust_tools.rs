@@ -35,6 +35,11 @@ struct Order {
 }
 
 fn main() -> ExitCode {
+    app().main()
+}
+
+/// The `rein` commands plus `lookup_order` (the tests serve this too).
+pub(crate) fn app() -> App {
     let lookup = tool_fn(
         "lookup_order",
         "Looks an order up by its number: its status and when it ships.",
@@ -51,5 +56,5 @@ fn main() -> ExitCode {
             })
         },
     );
-    App::new().with_tool(lookup).main()
+    App::new().with_tool(lookup)
 }

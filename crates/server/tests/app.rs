@@ -1,13 +1,12 @@
 //! `rein_server::App`: a deployment served with Rust tools and plugins —
-//! the example binary through HTTP, and the library entry point with a
+//! the example's app through HTTP, and the library entry point with a
 //! plugin, each checked against the file before anything starts.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 
 use common::Server;
@@ -20,64 +19,33 @@ use serde_json::{Value, json};
 
 const EXAMPLE_YAML: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rust-tools.yaml");
 
-/// The example binary `cargo test` built beside this test's binary
-/// (`target/debug/examples/rust_tools`); `None` when only this test was
-/// built (`cargo test --test app`), which CI never does.
-fn example() -> Option<PathBuf> {
-    let deps = std::env::current_exe().unwrap().parent()?.to_path_buf();
-    let path = deps.parent()?.join("examples").join("rust_tools");
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{} was not built; CI runs cargo test --all-targets, which builds it",
-        path.display()
-    );
-    eprintln!("skipped: build the examples first (cargo test -p rein-server --all-targets)");
-    None
-}
-
-/// Kills the child by its PID when dropped.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+/// The example binary's code (`examples/rust_tools.rs`), compiled in here:
+/// `cargo test` builds examples only as test harnesses, so the test serves
+/// the example's own `App` (its `main` is `app().main()`, the `rein`
+/// command line, tested through the `rein` binary).
+#[allow(dead_code)]
+#[path = "../examples/rust_tools.rs"]
+mod example;
 
 #[tokio::test]
-async fn the_example_binary_serves_its_typed_rust_tool_over_http() {
-    let Some(binary) = example() else { return };
-    let mut child = Child(
-        Command::new(&binary)
-            .args(["serve", "--config", EXAMPLE_YAML, "--bind", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let url = common::listening(&mut child.0);
-    let client = reqwest::Client::new();
-    let get = |path: &str| {
-        let request = client.get(format!("{url}{path}"));
-        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
-    };
-    let agents = get("/v1/agents").await;
-    assert_eq!(agents[0]["tools"], json!(["lookup_order"]), "{agents}");
-    let record: Value = client
-        .post(format!("{url}/v1/threads/t1/runs?wait=true"))
-        .json(&json!({"messages": [{"role": "user", "content": "Where is order 42?"}]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
+async fn the_example_s_app_serves_its_typed_rust_tool_over_http() {
+    let app = example::app();
+    let deployment = Deployment::load_with(EXAMPLE_YAML, &app.extras()).unwrap();
+    let assembled = rein_server::assemble::start_with(&deployment, &app)
         .await
         .unwrap();
+    let server = Server::start_assembled(assembled, deployment.server.clone()).await;
+    let (_, agents) = server.get("/v1/agents").await;
+    assert_eq!(agents[0]["tools"], json!(["lookup_order"]), "{agents}");
+    let (status, record) = server
+        .post(
+            "/v1/threads/t1/runs?wait=true",
+            json!({"messages": [{"role": "user", "content": "Where is order 42?"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{record}");
     assert_eq!(record["termination"]["type"], "natural_end", "{record}");
-    let history = get("/v1/threads/t1/messages").await;
+    let (_, history) = server.get("/v1/threads/t1/messages").await;
     let result = history
         .as_array()
         .unwrap()
@@ -89,21 +57,12 @@ async fn the_example_binary_serves_its_typed_rust_tool_over_http() {
         output,
         json!({"order_id": 42, "status": "packed", "ships_in_days": 1})
     );
-    drop(child);
+    server.stop().await;
 }
 
 #[test]
-fn the_example_checks_its_file_and_plain_rein_names_the_tool_it_does_not_know() {
-    let Some(binary) = example() else { return };
-    let ok = Command::new(&binary)
-        .args(["check", "--config", EXAMPLE_YAML])
-        .output()
-        .unwrap();
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stdout)
-    );
+fn the_example_s_file_loads_with_its_app_and_plain_rein_names_the_tool_it_does_not_know() {
+    assert!(Deployment::load_with(EXAMPLE_YAML, &example::app().extras()).is_ok());
     let plain = Command::new(env!("CARGO_BIN_EXE_rein"))
         .args(["check", "--config", EXAMPLE_YAML])
         .output()
