@@ -189,11 +189,13 @@ impl PgRuns {
                 AND ($8::int8 IS NULL OR (r.created_at, r.run_id) < (",
             at_us!("$8"),
             ", $9::text))
-              ORDER BY r.created_at DESC, r.run_id DESC) l
+             ) l
              WHERE ($1::text IS NULL OR l.status = $1)
                AND ($3::text IS NULL OR l.termination = $3)
                AND ($4::text IS NULL OR l.parent_run_id = $4)
                AND (NOT $10 OR l.parent_run_id IS NULL)
+             -- The outer query orders: a subquery's order is not kept.
+             ORDER BY l.created_us DESC, l.run_id DESC
              LIMIT $11"
         ))
         .bind(query.status)
