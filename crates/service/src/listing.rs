@@ -209,13 +209,6 @@ pub(crate) fn us_rfc3339(us: u64) -> String {
     rfc3339(UNIX_EPOCH + Duration::from_micros(us))
 }
 
-impl RunSummary {
-    /// The summary of a kept run.
-    pub(crate) fn of(entry: &RunEntry) -> Self {
-        entry.listed()
-    }
-}
-
 /// A page of kept runs (in-process listing).
 pub(crate) fn runs_page(
     entries: Vec<std::sync::Arc<RunEntry>>,
@@ -231,7 +224,7 @@ pub(crate) fn runs_page(
         .filter(|e| until.is_none_or(|u| e.created_us() < u))
         .map(|e| (Cursor::new(e.created_us(), &e.run_id), e))
         .filter(|(at, _)| filter.cursor.as_ref().is_none_or(|c| at < c))
-        .map(|(at, e)| (at, RunSummary::of(e)))
+        .map(|(at, e)| (at, e.listed()))
         .filter(|(_, r)| filter.status.is_none_or(|s| s == r.status))
         .filter(|(_, r)| {
             filter
@@ -281,7 +274,7 @@ pub(crate) fn threads_page(
                 thread_id: id.to_owned(),
                 created_at: us_rfc3339(created),
                 runs,
-                last_run: Some(RunSummary::of(last)),
+                last_run: Some(last.listed()),
             };
             (at, summary)
         })

@@ -10,9 +10,6 @@
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
-/// The paths the console's assets are served at (no token needed).
-pub(crate) const PATHS: [&str; 3] = ["/", "/console/app.js", "/console/app.css"];
-
 const INDEX: &str = include_str!("index.html");
 const APP_JS: &str = include_str!("app.js");
 const APP_CSS: &str = include_str!("app.css");

@@ -69,6 +69,9 @@ pub(crate) struct Guard {
     /// Served on a public interface without auth (`--insecure-public`):
     /// any `Host`.
     public: bool,
+    /// `GET` paths served without a token (the routes described public:
+    /// liveness and the console's assets, which hold no data).
+    tokenless: Vec<&'static str>,
 }
 
 impl Guard {
@@ -98,7 +101,14 @@ impl Guard {
             tokens,
             origins: settings.cors.origins.clone(),
             public: settings.insecure_public,
+            tokenless: Vec::new(),
         })
+    }
+
+    /// The guard, serving `paths` to `GET` without a token.
+    pub(crate) fn serving_without_token(mut self, paths: Vec<&'static str>) -> Self {
+        self.tokenless = paths;
+        self
     }
 
     /// Whether callers must present a token.
@@ -282,11 +292,11 @@ pub(crate) async fn check(
             origin,
         );
     }
-    // Liveness and the console's assets (they hold no data) need no token.
+    // The routes described public (liveness, the console's assets) need
+    // no token.
     let path = request.uri().path();
     if let Some(tokens) = &guard.tokens
-        && path != "/healthz"
-        && !(request.method() == Method::GET && crate::console::PATHS.contains(&path))
+        && !(request.method() == Method::GET && guard.tokenless.contains(&path))
     {
         let presented = headers
             .get(header::AUTHORIZATION)

@@ -22,7 +22,7 @@ pub(crate) use sse::run_log;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::get;
 use axum::{Json, Router};
 use rein::contract::approval::{Decision, PendingApproval};
 use rein::contract::message::Message;
@@ -46,8 +46,8 @@ pub fn router(
     settings: &crate::deployment::ServerSettings,
 ) -> Result<Router, String> {
     let limit = settings.body_limit_bytes;
-    let guard = std::sync::Arc::new(guard::Guard::new(settings)?);
-    let (routes, document) = routes().finish();
+    let (routes, document, public) = routes().finish();
+    let guard = std::sync::Arc::new(guard::Guard::new(settings)?.serving_without_token(public));
     // Serialized once: every request gets the same bytes.
     let document = axum::body::Bytes::from(document.to_string());
     Ok(routes
@@ -80,48 +80,48 @@ fn routes() -> Routes {
     const NO_RUN: (u16, &str) = (404, "unknown_run");
     const UNAVAILABLE: (u16, &str) = (503, "store_unavailable, shutting_down");
     Routes::new()
-        .add("get", "/", get(crate::console::index), |o| {
+        .get("/", crate::console::index, |o| {
             o.summary("The web console (docs/console.md).")
                 .answer_text(200, "text/html", "the console's page")
                 .public()
         })
-        .add("get", "/console/app.js", get(crate::console::script), |o| {
+        .get("/console/app.js", crate::console::script, |o| {
             o.summary("The console's script.")
                 .answer_text(200, "text/javascript", "the script")
                 .public()
         })
-        .add("get", "/console/app.css", get(crate::console::style), |o| {
+        .get("/console/app.css", crate::console::style, |o| {
             o.summary("The console's style sheet.")
                 .answer_text(200, "text/css", "the style sheet")
                 .public()
         })
-        .add("get", "/healthz", get(healthz), |o| {
+        .get("/healthz", healthz, |o| {
             o.summary("Liveness: the service and its store answer.")
                 .answer::<Health>(200, "up")
                 .refusals(&[UNAVAILABLE])
                 .public()
         })
-        .add("get", "/metrics", get(metrics), |o| {
+        .get("/metrics", metrics, |o| {
             o.summary("This process's metrics.")
                 .answer_text(200, "text/plain; version=0.0.4", "Prometheus text format")
         })
-        .add("get", "/v1/agents", get(agents), |o| {
+        .get("/v1/agents", agents, |o| {
             o.summary("The agents, each with every tool it can call.")
                 .answer::<Vec<AgentView>>(200, "the agents")
         })
-        .add("get", "/v1/threads", get(listing::threads), |o| {
+        .get("/v1/threads", listing::threads, |o| {
             o.summary("Threads, newest first, each with its latest run.")
                 .query::<listing::ThreadsQuery>()
                 .answer::<listing::ThreadsPage>(200, "a page of threads")
                 .refusals(&[(400, "invalid_query"), UNAVAILABLE])
         })
-        .add("get", "/v1/runs", get(listing::runs), |o| {
+        .get("/v1/runs", listing::runs, |o| {
             o.summary("Runs, newest submitted first, filtered and paged.")
                 .query::<listing::RunsQuery>()
                 .answer::<listing::RunsPage>(200, "a page of runs")
                 .refusals(&[(400, "invalid_query"), UNAVAILABLE])
         })
-        .add("post", "/v1/threads/{thread_id}/runs", post(submit), |o| {
+        .post("/v1/threads/{thread_id}/runs", submit, |o| {
             o.summary("Submit input to a thread.")
                 .query_flag("wait", "answer the run record once the run has finished")
                 .header("Idempotency-Key", "a repeated key finds the first submission's run")
@@ -135,34 +135,31 @@ fn routes() -> Routes {
                     UNAVAILABLE,
                 ])
         })
-        .add("get", "/v1/runs/{run_id}", get(run_record), |o| {
+        .get("/v1/runs/{run_id}", run_record, |o| {
             o.summary("A run's record.")
                 .answer::<RunRecord>(200, "the record")
                 .refusals(&[NO_RUN])
         })
-        .add("get", "/v1/runs/{run_id}/events", get(sse::run_events), |o| {
+        .get("/v1/runs/{run_id}/events", sse::run_events, |o| {
             o.summary("The run's events as SSE, from the start or after Last-Event-ID; ends after run_finished.")
                 .header("Last-Event-ID", "resume after this event number")
                 .answer_text(200, "text/event-stream", "event: the event's type, data: its JSON, id: its number")
                 .refusals(&[NO_RUN])
         })
-        .add("get", "/v1/threads/{thread_id}/events", get(sse::thread_events), |o| {
+        .get("/v1/threads/{thread_id}/events", sse::thread_events, |o| {
             o.summary("Live events of every run on the thread, as SSE.")
                 .answer_text(200, "text/event-stream", "the thread's live events")
         })
-        .add("post", "/v1/threads/{thread_id}/cancel", post(cancel_thread), |o| {
+        .post("/v1/threads/{thread_id}/cancel", cancel_thread, |o| {
             o.summary("Cancel the thread's active run and wait (bounded) until it has released the thread.")
                 .answer::<ThreadCancelled>(200, "what was cancelled")
         })
-        .add("post", "/v1/runs/{run_id}/cancel", post(cancel_run), |o| {
+        .post("/v1/runs/{run_id}/cancel", cancel_run, |o| {
             o.summary("Cancel one run, queued or running.")
                 .answer::<RunCancelled>(200, "whether it was cancelled")
                 .refusals(&[NO_RUN])
         })
-        .add(
-            "post",
-            "/v1/runs/{run_id}/tool_calls/{call_id}/cancel",
-            post(cancel_tool_call),
+        .post("/v1/runs/{run_id}/tool_calls/{call_id}/cancel", cancel_tool_call,
             |o| {
                 o.summary("End one running tool call; the run goes on.")
                     .answer::<ToolCallCancelled>(200, "ended here")
@@ -170,10 +167,7 @@ fn routes() -> Routes {
                     .refusals(&[NO_RUN, (409, "tool_call_not_running, run_not_running")])
             },
         )
-        .add(
-            "post",
-            "/v1/runs/{run_id}/approvals/{call_id}",
-            post(decide_approval),
+        .post("/v1/runs/{run_id}/approvals/{call_id}", decide_approval,
             |o| {
                 o.summary("Decide a call a parked run waits on.")
                     .body::<Decision>()
@@ -185,28 +179,28 @@ fn routes() -> Routes {
                     ])
             },
         )
-        .add("get", "/v1/approvals", get(approvals), |o| {
+        .get("/v1/approvals", approvals, |o| {
             o.summary("Every pending approval.")
                 .query::<ApprovalsQuery>()
                 .answer::<Vec<PendingApproval>>(200, "the calls parked runs wait on")
                 .refusals(&[(400, "invalid_query"), UNAVAILABLE])
         })
-        .add("get", "/v1/threads/{thread_id}/messages", get(messages), |o| {
+        .get("/v1/threads/{thread_id}/messages", messages, |o| {
             o.summary("The thread's stored history.")
                 .answer::<Vec<Message>>(200, "the messages")
         })
-        .add("delete", "/v1/threads/{thread_id}", delete(delete_thread), |o| {
+        .delete("/v1/threads/{thread_id}", delete_thread, |o| {
             o.summary("Cancel the thread's runs and drop it.")
                 .answer_empty(204, "deleted")
                 .refusals(&[(409, "thread_owned_elsewhere, previous_run_stuck")])
         })
-        .add("post", "/v1/replay", post(replay_recording), |o| {
+        .post("/v1/replay", replay_recording, |o| {
             o.summary("Replay a recording against an agent's stop conditions, detectors and approval rules: where each would have fired.")
                 .body::<ReplayBody>()
                 .answer::<crate::replay::Report>(200, "the replay's report")
                 .refusals(&[(404, "unknown_agent"), (422, "invalid_recording")])
         })
-        .add("post", "/v1/ag-ui/{agent_id}", post(agui::run), |o| {
+        .post("/v1/ag-ui/{agent_id}", agui::run, |o| {
             o.summary("Run the agent with an AG-UI RunAgentInput; AG-UI events as SSE.")
                 .body::<agui::RunAgentInput>()
                 .answer_text(200, "text/event-stream", "AG-UI events")

@@ -24,6 +24,9 @@ pub(crate) struct Routes {
     /// serializes, e.g. fields with defaults).
     inputs: SchemaGenerator,
     paths: Map<String, Value>,
+    /// The paths of operations marked [`Operation::public`] (all `GET`):
+    /// what the guard serves without a token.
+    public: Vec<&'static str>,
 }
 
 impl Routes {
@@ -47,12 +50,55 @@ impl Routes {
             answers,
             inputs,
             paths: Map::new(),
+            public: Vec::new(),
         }
     }
 
-    /// Serves `handler` at `method` `path` and describes it with what
-    /// `describe` adds to its operation.
-    pub(crate) fn add(
+    /// Serves `handler` at `GET path`, described by `describe`.
+    pub(crate) fn get<H, T>(
+        self,
+        path: &'static str,
+        handler: H,
+        describe: impl FnOnce(Operation<'_>) -> Operation<'_>,
+    ) -> Self
+    where
+        H: axum::handler::Handler<T, Service>,
+        T: 'static,
+    {
+        self.add("get", path, axum::routing::get(handler), describe)
+    }
+
+    /// Serves `handler` at `POST path`, described by `describe`.
+    pub(crate) fn post<H, T>(
+        self,
+        path: &'static str,
+        handler: H,
+        describe: impl FnOnce(Operation<'_>) -> Operation<'_>,
+    ) -> Self
+    where
+        H: axum::handler::Handler<T, Service>,
+        T: 'static,
+    {
+        self.add("post", path, axum::routing::post(handler), describe)
+    }
+
+    /// Serves `handler` at `DELETE path`, described by `describe`.
+    pub(crate) fn delete<H, T>(
+        self,
+        path: &'static str,
+        handler: H,
+        describe: impl FnOnce(Operation<'_>) -> Operation<'_>,
+    ) -> Self
+    where
+        H: axum::handler::Handler<T, Service>,
+        T: 'static,
+    {
+        self.add("delete", path, axum::routing::delete(handler), describe)
+    }
+
+    /// Serves `handler` (a router for `method`) at `path` and describes it
+    /// with what `describe` adds to its operation.
+    fn add(
         mut self,
         method: &'static str,
         path: &'static str,
@@ -69,6 +115,9 @@ impl Routes {
             value: json!({"parameters": parameters, "responses": {}}),
         })
         .value;
+        if operation.get("security") == Some(&json!([])) {
+            self.public.push(path);
+        }
         let entry = self
             .paths
             .entry(path)
@@ -78,8 +127,8 @@ impl Routes {
         self
     }
 
-    /// The router and the document.
-    pub(crate) fn finish(mut self) -> (Router<Service>, Value) {
+    /// The router, the document, and the paths served without a token.
+    pub(crate) fn finish(mut self) -> (Router<Service>, Value, Vec<&'static str>) {
         let schemas = self.answers.take_definitions(true);
         let document = json!({
             "openapi": "3.1.0",
@@ -101,7 +150,7 @@ impl Routes {
             },
             "security": [{"bearer": []}],
         });
-        (self.router, document)
+        (self.router, document, self.public)
     }
 }
 
@@ -230,7 +279,8 @@ impl Operation<'_> {
         self
     }
 
-    /// Served without a token, also when `server.auth` is set.
+    /// Served without a token, also when `server.auth` is set (a `GET`
+    /// that holds no data: the guard reads this mark).
     pub(crate) fn public(mut self) -> Self {
         self.value["security"] = json!([]);
         self
