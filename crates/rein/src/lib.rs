@@ -197,7 +197,7 @@ pub mod approvals {
 pub use rein_runtime_contract::escalation;
 
 pub use rein_runtime::{
-    auto, detectors, phase, plugin, plugins, policies, replay, telemetry, thread_store,
+    auto, detectors, limits, phase, plugin, plugins, policies, replay, telemetry, thread_store,
 };
 
 /// Tools: the [`Tool`](tools::Tool) trait and its types, and typed tools —

@@ -153,6 +153,20 @@ pub enum AgentEvent {
         /// This inference's tokens.
         usage: TokenUsage,
     },
+    /// The next inference waits for its provider's limits (see
+    /// `rein_runtime::limits`): one request and its estimated tokens are
+    /// reserved before anything is sent. `wait_ms` is the expected wait. A
+    /// wait is no round and no error.
+    RateLimited {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The provider id.
+        provider: String,
+        /// How long the run expects to wait, in milliseconds.
+        wait_ms: u64,
+    },
     /// The context policy compacted what the model sees: older tool results
     /// became references to the artifact store. `trigger` says why:
     /// `threshold` (over `compact.at`), `budget` (the next call would not
@@ -350,6 +364,7 @@ impl AgentEvent {
             Self::Detected { .. } => "detected",
             Self::PromptEstimated { .. } => "prompt_estimated",
             Self::RoundUsage { .. } => "round_usage",
+            Self::RateLimited { .. } => "rate_limited",
             Self::ContextCompacted { .. } => "context_compacted",
             Self::ContextSummarized { .. } => "context_summarized",
             Self::Progress { .. } => "progress",
@@ -376,6 +391,7 @@ impl AgentEvent {
             | Self::Detected { run_id, .. }
             | Self::PromptEstimated { run_id, .. }
             | Self::RoundUsage { run_id, .. }
+            | Self::RateLimited { run_id, .. }
             | Self::ContextCompacted { run_id, .. }
             | Self::ContextSummarized { run_id, .. }
             | Self::Progress { run_id, .. }
@@ -402,6 +418,7 @@ impl AgentEvent {
             | Self::Detected { thread_id, .. }
             | Self::PromptEstimated { thread_id, .. }
             | Self::RoundUsage { thread_id, .. }
+            | Self::RateLimited { thread_id, .. }
             | Self::ContextCompacted { thread_id, .. }
             | Self::ContextSummarized { thread_id, .. }
             | Self::Progress { thread_id, .. }

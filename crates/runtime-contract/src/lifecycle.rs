@@ -605,6 +605,31 @@ pub struct StopReport {
     /// in `tool_calls` as `not_started`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_approvals: Vec<crate::approval::PendingApproval>,
+    /// How long the run waited for its provider's limits, when it waited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limited: Option<RateLimitedWait>,
+}
+
+/// The waits of a run for its provider's limits, in its [`StopReport`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct RateLimitedWait {
+    /// How many inferences waited.
+    pub waits: u32,
+    /// How long they waited in all, in milliseconds.
+    pub waited_ms: u64,
+    /// The longest single wait, in milliseconds.
+    pub longest_ms: u64,
+}
+
+impl RateLimitedWait {
+    /// Counts one more wait of `waited_ms`.
+    pub fn add(&mut self, waited_ms: u64) {
+        self.waits += 1;
+        self.waited_ms += waited_ms;
+        self.longest_ms = self.longest_ms.max(waited_ms);
+    }
 }
 
 /// One child run in its parent's [`StopReport`].
@@ -662,6 +687,7 @@ impl StopReport {
             hint: None,
             children: Vec::new(),
             pending_approvals: Vec::new(),
+            rate_limited: None,
         }
     }
 

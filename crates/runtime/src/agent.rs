@@ -35,6 +35,8 @@ pub(crate) struct Agent {
     pub(crate) subagents: HashMap<String, Arc<crate::subagents::SubagentTool>>,
     pub(crate) model: ModelSpec,
     pub(crate) executor: Arc<dyn LlmExecutor>,
+    /// The model's provider's limits, when it has any.
+    pub(crate) limits: Option<Arc<crate::limits::ProviderGate>>,
     pub(crate) tools: HashMap<String, Arc<dyn Tool>>,
     pub(crate) descriptors: Vec<ToolDescriptor>,
     /// Hooks by phase index, in dispatch order.

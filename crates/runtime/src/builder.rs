@@ -90,6 +90,14 @@ pub enum BuildError {
         /// The id.
         provider_id: String,
     },
+    /// Limits were set for a provider nobody registered, or are invalid.
+    #[error("provider \"{provider_id}\" limits: {message}")]
+    InvalidLimits {
+        /// The provider id.
+        provider_id: String,
+        /// What is wrong.
+        message: String,
+    },
     /// Two plugins share an id.
     #[error("plugin id \"{plugin_id}\" is registered twice; plugin ids must be unique")]
     DuplicatePlugin {
@@ -203,6 +211,8 @@ pub struct AgentRuntimeBuilder {
     providers: Vec<(String, Arc<dyn LlmExecutor>)>,
     models: Vec<ModelSpec>,
     counters: Vec<(String, Arc<dyn crate::context::TokenCounter>)>,
+    limits: Vec<(String, crate::limits::ProviderLimits)>,
+    ledger: Option<Arc<dyn crate::limits::LimitLedger>>,
     config: RuntimeConfig,
 }
 
@@ -248,6 +258,8 @@ impl AgentRuntimeBuilder {
             providers: Vec::new(),
             models: Vec::new(),
             counters: Vec::new(),
+            limits: Vec::new(),
+            ledger: None,
             config: RuntimeConfig {
                 store: Arc::new(InMemoryThreadStore::new()),
                 default_sink: Arc::new(NullSink),
@@ -257,6 +269,7 @@ impl AgentRuntimeBuilder {
                 observers: Vec::new(),
                 extensions: HashMap::new(),
                 artifacts: Arc::new(crate::context::InMemoryArtifactStore::new()),
+                providers: Vec::new(),
             },
         }
     }
@@ -293,6 +306,26 @@ impl AgentRuntimeBuilder {
     /// Registers an executor under a provider id that models refer to.
     pub fn with_provider(mut self, id: impl Into<String>, executor: Arc<dyn LlmExecutor>) -> Self {
         self.providers.push((id.into(), executor));
+        self
+    }
+
+    /// Limits the provider registered as `id`: every inference on it first
+    /// reserves a request and its estimated tokens, and waits while the
+    /// limits are used up (see [`limits`](crate::limits)).
+    pub fn with_provider_limits(
+        mut self,
+        id: impl Into<String>,
+        limits: crate::limits::ProviderLimits,
+    ) -> Self {
+        self.limits.push((id.into(), limits));
+        self
+    }
+
+    /// Keeps the providers' reservations in `ledger` instead of in this
+    /// runtime alone — a ledger shared between processes (the PostgreSQL
+    /// one) makes the limits hold for the whole cluster.
+    pub fn with_limit_ledger(mut self, ledger: Arc<dyn crate::limits::LimitLedger>) -> Self {
+        self.ledger = Some(ledger);
         self
     }
 
@@ -432,6 +465,7 @@ impl AgentRuntimeBuilder {
         let plugins = unique(&self.plugins, |id| BuildError::DuplicatePlugin {
             plugin_id: id.to_owned(),
         })?;
+        let gates = self.gates(&providers)?;
         let mut models: HashMap<&str, &ModelSpec> = HashMap::new();
         for m in &self.models {
             if models.insert(&m.id, m).is_some() {
@@ -602,6 +636,7 @@ impl AgentRuntimeBuilder {
                 guard: Agent::guard_items(&spec),
                 deadline: Agent::deadline_of(&spec),
                 model: model.clone(),
+                limits: gates.get(model.provider_id.as_str()).cloned(),
                 executor,
                 tools,
                 descriptors,
@@ -614,9 +649,50 @@ impl AgentRuntimeBuilder {
             };
             agents.insert(agent.spec.id.clone(), Arc::new(agent));
         }
+        let mut ids: Vec<&str> = providers.keys().copied().collect();
+        ids.sort_unstable();
+        self.config.providers = ids
+            .into_iter()
+            .map(|id| (id.to_owned(), gates.get(id).cloned()))
+            .collect();
         let runtime = AgentRuntime::new(agents, self.config);
         let _ = runtime_cell.set(Arc::downgrade(runtime.inner()));
         Ok(runtime)
+    }
+}
+
+impl AgentRuntimeBuilder {
+    /// A gate per limited provider, all reserving in one ledger.
+    fn gates(
+        &self,
+        providers: &HashMap<&str, Arc<dyn LlmExecutor>>,
+    ) -> Result<HashMap<String, Arc<crate::limits::ProviderGate>>, BuildError> {
+        let ledger = self
+            .ledger
+            .clone()
+            .unwrap_or_else(|| Arc::new(crate::limits::InMemoryLedger::new()));
+        let mut gates = HashMap::new();
+        for (id, limits) in &self.limits {
+            let invalid = |message: String| BuildError::InvalidLimits {
+                provider_id: id.clone(),
+                message,
+            };
+            if !providers.contains_key(id.as_str()) {
+                return Err(invalid(format!(
+                    "no provider is registered as \"{id}\"; registered provider ids: {}",
+                    list(providers.keys().copied())
+                )));
+            }
+            limits.validate().map_err(invalid)?;
+            if gates.contains_key(id) {
+                return Err(invalid("limits are set twice".to_owned()));
+            }
+            if limits.is_limited() {
+                let gate = crate::limits::ProviderGate::new(id.clone(), *limits, ledger.clone());
+                gates.insert(id.clone(), gate);
+            }
+        }
+        Ok(gates)
     }
 }
 

@@ -32,6 +32,7 @@ pub mod context;
 pub mod detectors;
 mod extensions;
 pub mod history;
+pub mod limits;
 mod mailbox;
 pub mod phase;
 pub mod plugin;

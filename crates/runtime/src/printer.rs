@@ -254,6 +254,9 @@ fn status_line(event: &AgentEvent) -> Option<String> {
             shorten(error)
         ),
         AgentEvent::Nudge { text, .. } => format!("[nudge] {}", shorten(text)),
+        AgentEvent::RateLimited {
+            provider, wait_ms, ..
+        } => format!("[rate limited] waiting about {wait_ms} ms for provider \"{provider}\""),
         AgentEvent::ApprovalRequested {
             tool, arguments, ..
         } => format!(
@@ -396,6 +399,20 @@ mod tests {
         assert_eq!(
             String::from_utf8(out.0.lock().unwrap().clone()).unwrap(),
             "Done."
+        );
+    }
+
+    #[test]
+    fn a_rate_limited_wait_is_shown_with_its_provider_and_expected_wait() {
+        let event = AgentEvent::RateLimited {
+            run_id: "run-1".into(),
+            thread_id: "t".into(),
+            provider: "hosted".into(),
+            wait_ms: 250,
+        };
+        assert_eq!(
+            status_line(&event).as_deref(),
+            Some("[rate limited] waiting about 250 ms for provider \"hosted\"")
         );
     }
 

@@ -181,6 +181,8 @@ pub(crate) struct RuntimeConfig {
     pub(crate) observers: Vec<Arc<dyn RunObserver>>,
     pub(crate) extensions: HashMap<std::any::TypeId, Box<dyn Any + Send + Sync>>,
     pub(crate) artifacts: Arc<dyn crate::context::ArtifactStore>,
+    /// Every provider id, sorted, with its gate when it is limited.
+    pub(crate) providers: Vec<(String, Option<Arc<crate::limits::ProviderGate>>)>,
 }
 
 /// The settings runs read (everything of [`RuntimeConfig`] but what moves
@@ -204,6 +206,7 @@ pub(crate) struct Inner {
     pub(crate) mailbox_locks: dashmap::DashMap<String, Arc<tokio::sync::Mutex<()>>>,
     observers: Arc<Observers>,
     extensions: Extensions,
+    providers: Vec<(String, Option<Arc<crate::limits::ProviderGate>>)>,
 }
 
 /// Why `Inner::start` did not start a run.
@@ -557,6 +560,7 @@ impl AgentRuntime {
             observers,
             extensions,
             artifacts,
+            providers,
         } = config;
         Self {
             inner: Arc::new(Inner {
@@ -576,6 +580,7 @@ impl AgentRuntime {
                 mailbox_locks: dashmap::DashMap::new(),
                 observers: Arc::new(Observers::new(observers)),
                 extensions: Extensions::from_builder(extensions),
+                providers,
             }),
         }
     }
@@ -698,6 +703,28 @@ impl AgentRuntime {
     pub async fn check_request(&self, request: &RunRequest) -> Result<(), RuntimeError> {
         self.inner.check(request)?;
         self.inner.check_conversation(request).await
+    }
+
+    /// Every registered provider, sorted by id: its limits and, for a
+    /// limited one, what its window holds and how many inferences wait.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only; dropping it loses nothing.
+    pub async fn provider_status(&self) -> Vec<crate::limits::ProviderStatus> {
+        let mut out = Vec::with_capacity(self.inner.providers.len());
+        for (id, gate) in &self.inner.providers {
+            out.push(match gate {
+                Some(gate) => gate.status().await,
+                None => crate::limits::ProviderStatus {
+                    id: id.clone(),
+                    limits: crate::limits::ProviderLimits::default(),
+                    usage: None,
+                    error: None,
+                },
+            });
+        }
+        out
     }
 
     /// The ids of the runtime's agents, sorted.

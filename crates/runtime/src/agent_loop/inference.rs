@@ -142,17 +142,6 @@ impl Run {
     /// the deadline.
     pub(super) async fn infer(&mut self) -> Inference {
         let executor = self.agent.executor.clone();
-        let span = telemetry::chat_span(
-            &self.agent.model,
-            self.context
-                .as_ref()
-                .map_or(&self.request, |c| c.request(&self.request)),
-            self.trace_content,
-        );
-        let mut partial = InferenceResponse::default();
-        let mut cut = false;
-        self.judge.start_response();
-        let mut stopped = false;
         if let Some(context) = &mut self.context {
             context.sending();
             let (estimated_tokens, window_tokens) = (context.estimate(), context.window_tokens());
@@ -164,6 +153,22 @@ impl Run {
                 window_tokens,
             });
         }
+        match self.admit().await {
+            Ok(()) => {}
+            Err(None) => return Inference::Interrupted(InferenceResponse::default()),
+            Err(Some(error)) => return Inference::Failed(error),
+        }
+        let span = telemetry::chat_span(
+            &self.agent.model,
+            self.context
+                .as_ref()
+                .map_or(&self.request, |c| c.request(&self.request)),
+            self.trace_content,
+        );
+        let mut partial = InferenceResponse::default();
+        let mut cut = false;
+        self.judge.start_response();
+        let mut stopped = false;
         let (outcome, span) = {
             let request = match &self.context {
                 Some(context) => context.request(&self.request),
@@ -272,6 +277,7 @@ impl Run {
     ) -> Option<TerminationReason> {
         // A failed attempt spent nothing the provider reports.
         self.settle_pool(Some(0));
+        self.settle_limits(Some(0), Some(&error)).await;
         let at = self.started.elapsed();
         if let Ok(stats) = self.state.get_mut::<StopStatsKey>() {
             let mut acting = Acting {
@@ -345,6 +351,8 @@ impl Run {
         response: InferenceResponse,
     ) -> Option<TerminationReason> {
         self.settle_pool(response.usage.map(|u| u.total()));
+        self.settle_limits(response.usage.map(|u| u.total()), None)
+            .await;
         match response.usage {
             Some(usage) => {
                 self.usage.add(usage);

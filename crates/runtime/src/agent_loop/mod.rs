@@ -30,6 +30,7 @@
 //! This module does not own the thread's slot; the caller's `SlotGuard`
 //! releases it after [`execute`] returns.
 
+mod admission;
 mod backoff;
 mod context;
 mod inference;
@@ -161,8 +162,10 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         let family = Family::new(sink.clone(), pool.clone(), deadline, rounds_left);
         let _ = control.family.set(Arc::new(family));
     }
+    // A provider with a token limit needs each prompt's estimate.
+    let estimated = agent.limits.as_ref().is_some_and(|g| g.counts_tokens());
     let context = match (&agent.context, token_budget) {
-        (None, None) => None,
+        (None, None) if !estimated => None,
         (setup, budget) => {
             let setup = setup.as_ref().unwrap_or(&agent.measure).clone();
             let mut window = ContextWindow::new(setup, &control.thread_id, &request);
@@ -192,6 +195,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         token_budget: run_budget,
         pool,
         reserved: 0,
+        limited: None,
         guard,
         max_rounds,
         time_limit,
@@ -260,6 +264,13 @@ struct Focus<'a> {
     tool_result: Option<&'a ToolResult>,
 }
 
+/// A run's dealings with its provider's limits.
+#[derive(Default)]
+struct Limited {
+    permit: Option<crate::limits::Permit>,
+    waited: rein_runtime_contract::lifecycle::RateLimitedWait,
+}
+
 struct Run {
     agent: Arc<Agent>,
     control: Arc<RunControl>,
@@ -283,6 +294,9 @@ struct Run {
     pool: Option<Arc<Pool>>,
     /// Tokens reserved in `pool` for the inference in flight.
     reserved: u64,
+    /// The provider's limits: the reservation of the inference in flight
+    /// and the waits so far (boxed: only runs on a limited provider pay).
+    limited: Option<Box<Limited>>,
     /// The guard's checks when the request capped `max_rounds`.
     guard: Option<Vec<crate::agent::GuardItem>>,
     /// The run's cap on inferences (0: unbounded).
@@ -538,6 +552,7 @@ impl Run {
             }
             match self.infer().await {
                 Inference::Interrupted(partial) => {
+                    self.settle_limits(None, None).await;
                     if !partial.text.is_empty() {
                         self.response = partial.text.clone();
                         let mut message = Message::assistant(partial.text);

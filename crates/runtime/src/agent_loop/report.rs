@@ -17,6 +17,7 @@ impl Run {
         report.tool_calls = self.incomplete.clone();
         report.children = self.children.clone();
         report.pending_approvals = self.parked_pending.clone();
+        report.rate_limited = self.rate_limited();
         let uncertain = report.uncertain_calls().next().is_some();
         report.resumable = !uncertain;
         report.hint = hint(reason, &report);
