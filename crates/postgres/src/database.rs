@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::limits::PgLimitLedger;
 use sqlx::postgres::PgPool;
 
 use crate::notify::Listener;
@@ -18,6 +19,7 @@ pub struct Database {
     leases: Arc<Leases>,
     store: PgThreadStore,
     runs: PgRuns,
+    limits: Arc<PgLimitLedger>,
     /// Threads taken over from a lost process.
     takeovers: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -27,13 +29,21 @@ impl Database {
     /// last `lease` without a heartbeat.
     pub fn new(pool: PgPool, owner: impl Into<String>, lease: Duration) -> Self {
         let leases = Leases::new(pool.clone(), owner, lease);
+        let limits = Arc::new(PgLimitLedger::new(pool.clone(), leases.owner(), lease));
         Self {
+            limits,
             store: PgThreadStore::fenced(pool.clone(), leases.clone()),
             runs: PgRuns::new(pool.clone(), leases.clone()),
             leases,
             pool,
             takeovers: Arc::default(),
         }
+    }
+
+    /// The provider limits' ledger, shared by every process
+    /// ([`AgentRuntimeBuilder::with_limit_ledger`](rein_runtime::AgentRuntimeBuilder::with_limit_ledger)).
+    pub fn limits(&self) -> &Arc<PgLimitLedger> {
+        &self.limits
     }
 
     /// How many threads this process took over from a lost process.
@@ -124,6 +134,11 @@ impl Database {
     ///
     /// Dropped midway, some leases may be renewed.
     pub async fn renew(&self) -> Result<Vec<String>, crate::Error> {
+        // This process's reservations stay counted as in flight while it
+        // lives; a failure here is retried at the next heartbeat.
+        if let Err(error) = self.limits.heartbeat().await {
+            tracing::debug!(%error, "could not renew the provider limits' lease");
+        }
         let lost = self.leases.renew().await?;
         for thread_id in &lost {
             self.store.forget(thread_id);

@@ -119,10 +119,11 @@ pub async fn start_with(
     let store = durable_store(deployment).await?;
     let mcp_servers = start_mcp(deployment).await?;
     let artifacts = artifact_store(deployment, store.as_ref());
-    let thread_store = store
-        .as_ref()
-        .map(|d| Arc::new(d.store().clone()) as Arc<dyn ThreadStore>);
-    let outcome = build(deployment, app, &mcp_servers, thread_store, artifacts);
+    let shared = store.as_ref().map(|d| Shared {
+        threads: Arc::new(d.store().clone()),
+        limits: d.limits().clone(),
+    });
+    let outcome = build(deployment, app, &mcp_servers, shared, artifacts);
     match outcome {
         Ok(runtime) => Ok(Assembled {
             runtime,
@@ -181,11 +182,17 @@ async fn durable_store(deployment: &Deployment) -> Result<Option<Database>, Asse
     Ok(Some(Database::new(pool, owner, lease)))
 }
 
+/// What the runtimes of a cluster share through its database.
+struct Shared {
+    threads: Arc<dyn ThreadStore>,
+    limits: Arc<rein_postgres::PgLimitLedger>,
+}
+
 fn build(
     deployment: &Deployment,
     app: &crate::App,
     mcp_servers: &BTreeMap<String, Arc<McpServer>>,
-    store: Option<Arc<dyn ThreadStore>>,
+    shared: Option<Shared>,
     artifacts: Option<Arc<dyn ArtifactStore>>,
 ) -> Result<AgentRuntime, AssembleError> {
     let mut agent_tools = BTreeMap::new();
@@ -217,8 +224,10 @@ fn build(
             builder = builder.with_plugin(id, plugin.clone());
         }
     }
-    if let Some(store) = store {
-        builder = builder.with_thread_store(store);
+    if let Some(shared) = shared {
+        builder = builder
+            .with_thread_store(shared.threads)
+            .with_limit_ledger(shared.limits);
     }
     if let Some(artifacts) = artifacts {
         builder = builder.with_artifact_store(artifacts);
@@ -320,10 +329,11 @@ pub fn executor(
     provider: &ProviderConfig,
 ) -> Result<Arc<dyn rein::contract::inference::LlmExecutor>, AssembleError> {
     Ok(match provider {
-        ProviderConfig::Genai {} => Arc::new(GenaiExecutor::new()),
+        ProviderConfig::Genai { .. } => Arc::new(GenaiExecutor::new()),
         ProviderConfig::OpenaiCompatible {
             base_url,
             api_key_env,
+            ..
         } => {
             let key = match api_key_env {
                 Some(variable) => {
@@ -342,6 +352,7 @@ pub fn executor(
             responses,
             delay_ms,
             chunk_delay_ms,
+            ..
         } => {
             let script = responses
                 .iter()
@@ -362,6 +373,9 @@ fn builder_with(
         .with_cancel_wait_timeout(Duration::from_millis(deployment.server.cancel_wait_ms));
     for (id, provider) in &deployment.providers {
         builder = builder.with_provider(id, executor(id, provider)?);
+        if let Some(limits) = provider.limits() {
+            builder = builder.with_provider_limits(id, *limits);
+        }
     }
     for (id, model) in &deployment.models {
         let mut spec = ModelSpec::new(id, &model.provider, &model.model);

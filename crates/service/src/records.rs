@@ -935,6 +935,7 @@ impl RunSink {
             event,
             AgentEvent::TextDelta { .. }
                 | AgentEvent::PromptEstimated { .. }
+                | AgentEvent::RateLimited { .. }
                 | AgentEvent::Progress { .. }
                 | AgentEvent::ContextCompacted { .. }
                 | AgentEvent::ContextSummarized { .. }

@@ -187,8 +187,14 @@ impl Run {
             };
             let cut = &mut cut;
             let stopped = &mut stopped;
+            let permit = self.limited.as_mut().and_then(|l| l.permit.as_mut());
             let work = AssertUnwindSafe(async move {
                 let mut stream = executor.open(request).await?;
+                // The provider answered: the request counts in its limits'
+                // window from now.
+                if let Some(permit) = permit {
+                    permit.received();
+                }
                 while let Some(delta) = stream.next().await {
                     // A stream whose chunks are always ready never lets the
                     // select below poll the token, so check it per chunk:

@@ -128,11 +128,21 @@ impl LimitLedger for InMemoryLedger {
         }))
     }
 
-    async fn settle(&self, provider: &str, id: u64, tokens: u64) -> Result<(), LedgerError> {
+    async fn settle(
+        &self,
+        provider: &str,
+        id: u64,
+        tokens: u64,
+        received_ago: Duration,
+    ) -> Result<(), LedgerError> {
         self.with_book(provider, |book, now| {
             if let Some(reserved) = book.in_flight.remove(&id) {
                 book.in_flight_tokens -= reserved;
-                book.settled.push_back((now + book.window, tokens));
+                let from = now.checked_sub(received_ago).unwrap_or(now);
+                // Kept in expiry order: an answer that began earlier than a
+                // later-settled one's may not jump ahead of it.
+                let until = (from + book.window).max(book.settled.back().map_or(from, |b| b.0));
+                book.settled.push_back((until, tokens));
                 book.settled_tokens += tokens;
             }
         });
@@ -144,6 +154,11 @@ impl LimitLedger for InMemoryLedger {
             let until = now + duration;
             book.paused_until = book.paused_until.max(Some(until));
         });
+        Ok(())
+    }
+
+    async fn wait(&self, _provider: &str, _waiter: Waiter) -> Result<(), LedgerError> {
+        // Waiters are queued by the gate; this ledger keeps none.
         Ok(())
     }
 

@@ -232,13 +232,25 @@ pub trait LimitLedger: Send + Sync + fmt::Debug {
         ask: Ask,
     ) -> Result<Reserve, LedgerError>;
 
-    /// Replaces reservation `id`'s tokens by what the answer used; from now
-    /// it counts until one window has passed.
-    async fn settle(&self, provider: &str, id: u64, tokens: u64) -> Result<(), LedgerError>;
+    /// Replaces reservation `id`'s tokens by what the answer used; it counts
+    /// until one window after `received_ago` before now — when the provider
+    /// is known to have received the request (it answered), or now.
+    async fn settle(
+        &self,
+        provider: &str,
+        id: u64,
+        tokens: u64,
+        received_ago: Duration,
+    ) -> Result<(), LedgerError>;
 
     /// Pauses `provider` for `duration` (a 429's `Retry-After`): nothing is
     /// admitted until then.
     async fn pause(&self, provider: &str, duration: Duration) -> Result<(), LedgerError>;
+
+    /// Records that `waiter` began waiting (a shared ledger orders waiters
+    /// of every process by this, and counts them in
+    /// [`usage`](Self::usage)).
+    async fn wait(&self, provider: &str, waiter: Waiter) -> Result<(), LedgerError>;
 
     /// Forgets a waiter that stopped waiting (cancelled) before it was
     /// admitted.
@@ -373,6 +385,7 @@ impl ProviderGate {
             id,
             reserved: tokens,
             settled: false,
+            received: None,
         };
         // The fast path: nobody in line here, and room in the ledger.
         if self.queue().is_empty() {
@@ -395,6 +408,10 @@ impl ProviderGate {
             waiter,
             done: false,
         };
+        self.ledger
+            .wait(&self.provider, waiter)
+            .await
+            .map_err(Refused::Ledger)?;
         let mut on_wait = Some(on_wait);
         loop {
             let turn = self.turn.notified();
@@ -528,6 +545,8 @@ pub struct Permit {
     id: u64,
     reserved: u64,
     settled: bool,
+    /// When the provider answered (so had the request).
+    received: Option<tokio::time::Instant>,
 }
 
 impl Permit {
@@ -536,13 +555,28 @@ impl Permit {
         self.reserved
     }
 
+    /// Notes that the provider answered (its first byte): the request
+    /// counts in the window from then, not from when the answer ends.
+    pub fn received(&mut self) {
+        self.received.get_or_insert_with(tokio::time::Instant::now);
+    }
+
+    fn received_ago(&self) -> Duration {
+        self.received.map_or(Duration::ZERO, |at| at.elapsed())
+    }
+
     /// Settles the reservation with the tokens the answer used (`None`:
     /// unknown, what was reserved stands).
     pub async fn settle(mut self, used: Option<u64>) {
         self.settled = true;
         let tokens = used.unwrap_or(self.reserved);
         let gate = &self.gate;
-        if let Err(error) = gate.ledger.settle(&gate.provider, self.id, tokens).await {
+        let ago = self.received_ago();
+        if let Err(error) = gate
+            .ledger
+            .settle(&gate.provider, self.id, tokens, ago)
+            .await
+        {
             tracing::warn!(provider = %gate.provider, %error, "could not settle a reservation");
         }
         gate.turn.notify_waiters();
@@ -555,8 +589,9 @@ impl Drop for Permit {
             return;
         }
         let (gate, id, tokens) = (self.gate.clone(), self.id, self.reserved);
+        let ago = self.received_ago();
         spawn_detached(async move {
-            let _ = gate.ledger.settle(&gate.provider, id, tokens).await;
+            let _ = gate.ledger.settle(&gate.provider, id, tokens, ago).await;
             gate.turn.notify_waiters();
         });
     }

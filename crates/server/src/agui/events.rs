@@ -192,6 +192,13 @@ impl Run {
             } if !self.announced.remove(call_id) => {
                 self.announce_call(call_id, name, arguments, emitted, out);
             }
+            // A wait for the provider's limits: no AG-UI event says it, so
+            // a custom one does.
+            AgentEvent::RateLimited {
+                provider, wait_ms, ..
+            } => {
+                out.push(self.tagged(json!({"type": "CUSTOM", "name": "rate_limited", "value": {"provider": provider, "wait_ms": wait_ms}})));
+            }
             AgentEvent::ToolCallFinished {
                 call_id, result, ..
             } => {

@@ -20,6 +20,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use rein::config::{AgentSpecSeed, ConfigError, KeySeed, stop_condition_kinds};
+use rein::limits::ProviderLimits;
 use rein::registry_spec::AgentSpec;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -72,7 +73,11 @@ pub struct Deployment {
 pub enum ProviderConfig {
     /// Hosted providers through genai, routed by model name; keys from the
     /// usual environment variables.
-    Genai {},
+    Genai {
+        /// The provider's limits (service.md §10).
+        #[serde(default)]
+        limits: Option<ProviderLimits>,
+    },
     /// An OpenAI-compatible server (llama.cpp, vLLM, …).
     OpenaiCompatible {
         /// The API's base URL, e.g. `http://127.0.0.1:8080/v1/`.
@@ -80,6 +85,9 @@ pub enum ProviderConfig {
         /// The environment variable holding the API key (optional).
         #[serde(default)]
         api_key_env: Option<String>,
+        /// The provider's limits (service.md §10).
+        #[serde(default)]
+        limits: Option<ProviderLimits>,
     },
     /// A script of replies, for offline demos and tests: shared by every
     /// run that uses it, in order, the last one repeating.
@@ -92,7 +100,21 @@ pub enum ProviderConfig {
         /// The default wait between a reply's streamed chunks, in milliseconds.
         #[serde(default)]
         chunk_delay_ms: Option<u64>,
+        /// The provider's limits (service.md §10).
+        #[serde(default)]
+        limits: Option<ProviderLimits>,
     },
+}
+
+impl ProviderConfig {
+    /// The provider's limits, when the file sets any.
+    pub fn limits(&self) -> Option<&ProviderLimits> {
+        match self {
+            Self::Genai { limits }
+            | Self::OpenaiCompatible { limits, .. }
+            | Self::Scripted { limits, .. } => limits.as_ref(),
+        }
+    }
 }
 
 /// A model: a provider and the model's name there.
@@ -478,7 +500,7 @@ impl Deployment {
             });
         };
         for (id, model) in &self.models {
-            if let Some(ProviderConfig::Genai {}) = self.providers.get(&model.provider)
+            if let Some(ProviderConfig::Genai { .. }) = self.providers.get(&model.provider)
                 && let Some(message) = genai_route_unknown(&model.model)
             {
                 error(
@@ -494,6 +516,15 @@ impl Deployment {
                         model.provider,
                         known(self.providers.keys())
                     ),
+                );
+            }
+        }
+        for (id, provider) in &self.providers {
+            if let Some(Err(message)) = provider.limits().map(ProviderLimits::validate) {
+                let key = message.split_whitespace().next().unwrap_or_default();
+                error(
+                    &format!("providers.{id}.limits.{key}"),
+                    format!("provider \"{id}\": limits: {message}"),
                 );
             }
         }

@@ -109,6 +109,10 @@ fn routes() -> Routes {
             o.summary("The agents, each with every tool it can call.")
                 .answer::<Vec<AgentView>>(200, "the agents")
         })
+        .get("/v1/providers", providers, |o| {
+            o.summary("The providers: each one's limits, what its window holds and what waits.")
+                .answer::<Vec<rein::limits::ProviderStatus>>(200, "the providers")
+        })
         .get("/v1/threads", listing::threads, |o| {
             o.summary("Threads, newest first, each with its latest run.")
                 .query::<listing::ThreadsQuery>()
@@ -262,6 +266,13 @@ struct AgentView {
     /// The tokens its `token_budget` stop condition allows a run.
     #[serde(skip_serializing_if = "Option::is_none")]
     token_budget: Option<u64>,
+}
+
+/// `GET /v1/providers`: every provider with its limits and, for a limited
+/// one, what its window holds (cluster-wide in distributed mode) and how
+/// many inferences wait.
+async fn providers(State(service): State<Service>) -> Json<Vec<rein::limits::ProviderStatus>> {
+    Json(service.runtime().provider_status().await)
 }
 
 /// `POST /v1/replay`'s body.
