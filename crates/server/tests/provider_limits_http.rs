@@ -21,11 +21,14 @@ use serde_json::Value;
 
 /// A deployment whose one agent talks to the fake through a provider with
 /// `limits`, kept in PostgreSQL when `postgres`.
-fn deployment(fake: &Fake, limits: &str, postgres: bool) -> PathBuf {
-    let store = if postgres {
-        "store: { postgres: { url_env: REIN_DATABASE_URL } }\nserver: { lease_seconds: 5 }"
-    } else {
-        ""
+/// (`lease_seconds`: in PostgreSQL mode, the processes' lease; `None`
+/// keeps threads in memory).
+fn deployment(fake: &Fake, limits: &str, lease_seconds: Option<u64>) -> PathBuf {
+    let store = match lease_seconds {
+        Some(lease) => format!(
+            "store: {{ postgres: {{ url_env: REIN_DATABASE_URL }} }}\nserver: {{ lease_seconds: {lease} }}"
+        ),
+        None => String::new(),
     };
     let yaml = format!(
         r#"
@@ -72,11 +75,7 @@ fn fastrand_suffix() -> u128 {
 async fn one_process_waits_instead_of_being_refused_and_shows_the_waits() {
     // The fake allows 2 requests per second; so does Rein.
     let fake = Fake::start(2, 100_000, Duration::from_secs(1), Duration::ZERO, 1).await;
-    let config = deployment(
-        &fake,
-        "{ requests_per_minute: 120, window_ms: 1000 }",
-        false,
-    );
+    let config = deployment(&fake, "{ requests_per_minute: 120, window_ms: 1000 }", None);
     let node = Node::start(&config);
     let base = thread("one");
     let mut runs = Vec::new();
@@ -145,7 +144,7 @@ async fn three_processes_share_one_set_of_limits_use_them_fully_and_starve_no_ru
     let config = deployment(
         &fake,
         "{ requests_per_minute: 1800, tokens_per_minute: 600000, window_ms: 2000 }",
-        true,
+        Some(5),
     );
     let nodes = Arc::new([
         Node::start(&config),
@@ -214,4 +213,49 @@ async fn three_processes_share_one_set_of_limits_use_them_fully_and_starve_no_ru
         assert_eq!(status, 200);
         assert_eq!(providers[0]["usage"]["in_flight"], 0, "{providers}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_killed_holding_a_reservation_frees_it_when_its_lease_ends() {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let fake = Fake::start(100, 1_000_000, Duration::from_secs(1), Duration::ZERO, 1).await;
+    let lease = 2;
+    let config = deployment(&fake, "{ max_concurrent: 1 }", Some(lease));
+    let (a, b) = (Node::start(&config), Node::start(&config));
+    let base = thread("killed");
+    // a's inference hangs at the provider, holding the only slot.
+    a.submit(
+        &format!("{base}-a"),
+        "worker",
+        "[hang] the slow one",
+        "reject",
+    )
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fake.tally.lock().unwrap().accepted.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "a never sent");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.signal("-KILL");
+    let (_, providers) = b.get("/v1/providers").await;
+    assert_eq!(providers[0]["usage"]["in_flight"], 1, "{providers}");
+    // b waits for the slot until a's lease has ended, then goes.
+    let run = b
+        .submit(&format!("{base}-b"), "worker", "hello", "reject")
+        .await;
+    let run_id = run["run_id"].as_str().unwrap();
+    let events = b.events(run_id, None, Duration::from_secs(30)).await;
+    assert!(
+        events.iter().any(|(_, kind, _)| kind == "rate_limited"),
+        "{events:?}"
+    );
+    let record = b.finished(run_id, Duration::from_secs(10)).await;
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    let waited = record["report"]["rate_limited"]["waited_ms"]
+        .as_u64()
+        .unwrap();
+    assert!(waited <= (lease + 2) * 1000, "waited {waited} ms");
+    assert_eq!(fake.tally.lock().unwrap().accepted.len(), 2);
+    assert_eq!(fake.tally.lock().unwrap().refused, 0);
 }

@@ -6,7 +6,9 @@ use super::*;
 const GOOD: &str = r#"
 providers:
   local:   { kind: openai_compatible, base_url: "http://127.0.0.1:8080/v1/", api_key_env: LOCAL_KEY }
-  hosted:  { kind: genai }
+  hosted:
+    kind: genai
+    limits: { requests_per_minute: 500, tokens_per_minute: 200000, max_concurrent: 16 }
   offline: { kind: scripted, responses: ["Hello from Rein."] }
   slow:
     kind: scripted
@@ -51,8 +53,18 @@ fn the_documented_file_loads() {
         d.providers["local"],
         ProviderConfig::OpenaiCompatible {
             base_url: "http://127.0.0.1:8080/v1/".into(),
-            api_key_env: Some("LOCAL_KEY".into())
+            api_key_env: Some("LOCAL_KEY".into()),
+            limits: None,
         }
+    );
+    assert_eq!(
+        d.providers["hosted"].limits(),
+        Some(
+            &rein::limits::ProviderLimits::new()
+                .requests_per_minute(500)
+                .tokens_per_minute(200_000)
+                .max_concurrent(16)
+        )
     );
     assert_eq!(d.models["small"].temperature, Some(0.0));
     assert_eq!(d.agents[0].spec.max_rounds, 8);
@@ -228,6 +240,30 @@ fn sub_agents_load_and_an_unknown_one_or_a_cycle_is_an_error_at_its_entry() {
     assert!(typo[0].contains("agnt"), "{typo:?}");
 }
 
+#[test]
+fn provider_limits_out_of_bounds_are_refused_at_their_key() {
+    let lines = errors(
+        "providers:\n  p:\n    kind: scripted\n    responses: [hi]\n    limits: { requests_per_minute: 60, max_concurrent: 0 }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m }\n",
+    );
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("<text>:5:56: provider \"p\": limits: max_concurrent is 0"),
+        "{lines:?}"
+    );
+    let lines = errors(
+        "providers:\n  p:\n    kind: scripted\n    responses: [hi]\n    limits: { requests_per_minit: 60 }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m }\n",
+    );
+    assert!(
+        // A misspelled key is reported at its provider (serde reads a
+        // tagged provider as a whole), naming the keys that exist.
+        lines[0].starts_with("<text>:2:3:")
+            && lines[0].contains(
+                "unknown field `requests_per_minit`, expected one of `requests_per_minute`"
+            ),
+        "{lines:?}"
+    );
+}
+
 /// The keys the loader accepts where `yaml` puts an unknown key `bogus`
 /// (or type `bogus`), read from its error's "expected …" list.
 fn accepted_keys(yaml: &str) -> Vec<String> {
@@ -264,6 +300,7 @@ fn the_reference_page_documents_every_key_the_loader_accepts() {
         "bogus: 1",
         "providers: { p: { kind: openai_compatible, base_url: x, bogus: 1 } }",
         "providers: { p: { kind: scripted, bogus: 1 } }",
+        "providers: { p: { kind: genai, limits: { bogus: 1 } } }",
         "models: { m: { provider: p, model: x, bogus: 1 } }",
         "mcp_servers: { s: { command: x, bogus: 1 } }",
         "server: { bogus: 1 }",

@@ -3,8 +3,9 @@
 //! (prompt and answer, counted when the request arrives); past them it
 //! answers 429 with `Retry-After`. A conversation gets `rounds - 1` calls
 //! of a tool `lookup` (which the agent lacks: its error result is the next
-//! round's input), then "ok" — streamed, with usage. It records what it
-//! accepted and refused.
+//! round's input), then "ok" — streamed, with usage; a prompt marked
+//! `[hang]` is answered after a minute. It records what it accepted and
+//! refused.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -98,6 +99,10 @@ async fn completions(State(limits): State<Arc<Limits>>, body: String) -> Respons
         tally.accepted.push((now, tokens));
     }
     tokio::time::sleep(limits.delay).await;
+    // A prompt marked "[hang]" is answered after a minute (a stuck call).
+    if body.to_string().contains("[hang]") {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    }
     let chunk = |delta: Value, finish: Value| {
         json!({"id": "fake", "object": "chat.completion.chunk", "created": 0, "model": "fake-model",
                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
