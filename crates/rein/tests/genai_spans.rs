@@ -301,3 +301,42 @@ async fn a_sub_agent_s_invoke_agent_span_is_a_child_of_the_parent_s_execute_tool
     assert_eq!(call.len(), 1, "{spans:#?}");
     assert_eq!(call[0].parent.as_deref(), Some("invoke_agent"));
 }
+
+#[tokio::test]
+async fn after_a_fallback_the_chat_spans_name_the_model_that_answered() {
+    let rt = AgentRuntimeBuilder::new()
+        .with_agent_spec(spec().with_model_id("m"))
+        .with_model(model().with_fallbacks(["small"]))
+        .with_model(ModelSpec::new("small", "q", "small-model"))
+        .with_provider(
+            "p",
+            Arc::new(
+                ScriptedExecutor::new(vec![ScriptedResponse::error(InferenceError::overloaded(
+                    "HTTP 529",
+                ))])
+                .repeat_last(),
+            ),
+        )
+        .with_provider(
+            "q",
+            Arc::new(ScriptedExecutor::new(vec![ScriptedResponse::text("ok")])),
+        )
+        .with_retry_backoff(std::time::Duration::ZERO, std::time::Duration::ZERO)
+        .build()
+        .unwrap();
+    let (result, spans) = capture_run(&rt, user("t", "hi")).await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    let models: Vec<_> = named(&spans, "chat")
+        .iter()
+        .map(|s| s.get("gen_ai.request.model").unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        models,
+        [
+            "scripted-model",
+            "scripted-model",
+            "scripted-model",
+            "small-model"
+        ]
+    );
+}

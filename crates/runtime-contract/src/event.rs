@@ -152,6 +152,9 @@ pub enum AgentEvent {
         step: u32,
         /// This inference's tokens.
         usage: TokenUsage,
+        /// The model id that answered (the agent's, or a fallback).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        model: String,
     },
     /// The next inference waits for its provider's limits (see
     /// `rein_runtime::limits`): one request and its estimated tokens are
@@ -166,6 +169,21 @@ pub enum AgentEvent {
         provider: String,
         /// How long the run expects to wait, in milliseconds.
         wait_ms: u64,
+    },
+    /// The run left its model for the next of the model's fallbacks: the
+    /// provider kept failing past the retries it gets. Later rounds (and
+    /// their spans and usage) are the fallback's.
+    ModelFallback {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The model id left.
+        from_model: String,
+        /// The model id used from now on.
+        to_model: String,
+        /// The last error of the model left.
+        error: String,
     },
     /// The context policy compacted what the model sees: older tool results
     /// became references to the artifact store. `trigger` says why:
@@ -365,6 +383,7 @@ impl AgentEvent {
             Self::PromptEstimated { .. } => "prompt_estimated",
             Self::RoundUsage { .. } => "round_usage",
             Self::RateLimited { .. } => "rate_limited",
+            Self::ModelFallback { .. } => "model_fallback",
             Self::ContextCompacted { .. } => "context_compacted",
             Self::ContextSummarized { .. } => "context_summarized",
             Self::Progress { .. } => "progress",
@@ -392,6 +411,7 @@ impl AgentEvent {
             | Self::PromptEstimated { run_id, .. }
             | Self::RoundUsage { run_id, .. }
             | Self::RateLimited { run_id, .. }
+            | Self::ModelFallback { run_id, .. }
             | Self::ContextCompacted { run_id, .. }
             | Self::ContextSummarized { run_id, .. }
             | Self::Progress { run_id, .. }
@@ -419,6 +439,7 @@ impl AgentEvent {
             | Self::PromptEstimated { thread_id, .. }
             | Self::RoundUsage { thread_id, .. }
             | Self::RateLimited { thread_id, .. }
+            | Self::ModelFallback { thread_id, .. }
             | Self::ContextCompacted { thread_id, .. }
             | Self::ContextSummarized { thread_id, .. }
             | Self::Progress { thread_id, .. }

@@ -330,6 +330,11 @@ pub struct ModelSpec {
     /// Output token limit, when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u32>,
+    /// Models to go on with, in order, when this one's provider keeps
+    /// failing (down, overloaded, refusing for rate) past the retries a
+    /// run gives it; each a registered model id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallbacks: Vec<String>,
 }
 
 impl ModelSpec {
@@ -345,7 +350,14 @@ impl ModelSpec {
             upstream_model: upstream_model.into(),
             temperature: None,
             max_output_tokens: None,
+            fallbacks: Vec::new(),
         }
+    }
+
+    /// Sets the models to go on with when this one's provider keeps failing.
+    pub fn with_fallbacks<I: Into<String>>(mut self, ids: impl IntoIterator<Item = I>) -> Self {
+        self.fallbacks = ids.into_iter().map(Into::into).collect();
+        self
     }
 
     /// Sets the sampling temperature.

@@ -37,6 +37,8 @@ pub(crate) struct Agent {
     pub(crate) executor: Arc<dyn LlmExecutor>,
     /// The model's provider's limits, when it has any.
     pub(crate) limits: Option<Arc<crate::limits::ProviderGate>>,
+    /// The model's fallbacks, in order (`model.fallbacks` resolved).
+    pub(crate) fallbacks: Vec<Route>,
     pub(crate) tools: HashMap<String, Arc<dyn Tool>>,
     pub(crate) descriptors: Vec<ToolDescriptor>,
     /// Hooks by phase index, in dispatch order.
@@ -59,6 +61,26 @@ pub(crate) struct Agent {
     pub(crate) gate: crate::approvals::Gate,
     pub(crate) tool_rules:
         Arc<std::collections::BTreeMap<String, rein_runtime_contract::escalation::ToolLoopRule>>,
+}
+
+/// A model a run can send its inferences to: the model, its provider's
+/// executor and its provider's limits.
+#[derive(Clone)]
+pub(crate) struct Route {
+    pub(crate) model: ModelSpec,
+    pub(crate) executor: Arc<dyn LlmExecutor>,
+    pub(crate) limits: Option<Arc<crate::limits::ProviderGate>>,
+}
+
+impl Agent {
+    /// Whether some model of the agent is on a provider with a token
+    /// limit (its runs then estimate every prompt).
+    pub(crate) fn counts_tokens(&self) -> bool {
+        self.limits
+            .iter()
+            .chain(self.fallbacks.iter().filter_map(|r| r.limits.as_ref()))
+            .any(|g| g.counts_tokens())
+    }
 }
 
 impl std::fmt::Debug for Agent {

@@ -90,6 +90,22 @@ pub enum BuildError {
         /// The id.
         provider_id: String,
     },
+    /// A model's fallback is not a registered model (or is the model).
+    #[error(
+        "model \"{model_id}\" (of agent \"{agent_id}\") falls back to \"{fallback}\", {problem}; registered model ids: {known}"
+    )]
+    InvalidFallback {
+        /// The agent.
+        agent_id: String,
+        /// The model.
+        model_id: String,
+        /// The fallback named.
+        fallback: String,
+        /// What is wrong with it.
+        problem: String,
+        /// The registered model ids.
+        known: String,
+    },
     /// Limits were set for a provider nobody registered, or are invalid.
     #[error("provider \"{provider_id}\" limits: {message}")]
     InvalidLimits {
@@ -637,6 +653,7 @@ impl AgentRuntimeBuilder {
                 deadline: Agent::deadline_of(&spec),
                 model: model.clone(),
                 limits: gates.get(model.provider_id.as_str()).cloned(),
+                fallbacks: fallbacks(&spec, model, &models, &providers, &gates)?,
                 executor,
                 tools,
                 descriptors,
@@ -659,6 +676,46 @@ impl AgentRuntimeBuilder {
         let _ = runtime_cell.set(Arc::downgrade(runtime.inner()));
         Ok(runtime)
     }
+}
+
+/// The agent's model's fallbacks, resolved to routes in order.
+fn fallbacks(
+    spec: &AgentSpec,
+    model: &ModelSpec,
+    models: &HashMap<&str, &ModelSpec>,
+    providers: &HashMap<&str, Arc<dyn LlmExecutor>>,
+    gates: &HashMap<String, Arc<crate::limits::ProviderGate>>,
+) -> Result<Vec<crate::agent::Route>, BuildError> {
+    let mut routes: Vec<crate::agent::Route> = Vec::new();
+    for id in &model.fallbacks {
+        let invalid = |problem: &str| BuildError::InvalidFallback {
+            agent_id: spec.id.clone(),
+            model_id: model.id.clone(),
+            fallback: id.clone(),
+            problem: problem.to_owned(),
+            known: list(models.keys().copied()),
+        };
+        let Some(fallback) = models.get(id.as_str()) else {
+            return Err(invalid("which is not a registered model"));
+        };
+        if fallback.id == model.id || routes.iter().any(|r| r.model.id == fallback.id) {
+            return Err(invalid("which is the model itself or named twice"));
+        }
+        let executor = providers
+            .get(fallback.provider_id.as_str())
+            .cloned()
+            .ok_or_else(|| BuildError::UnknownProvider {
+                model_id: fallback.id.clone(),
+                provider_id: fallback.provider_id.clone(),
+                known: list(providers.keys().copied()),
+            })?;
+        routes.push(crate::agent::Route {
+            model: (*fallback).clone(),
+            executor,
+            limits: gates.get(fallback.provider_id.as_str()).cloned(),
+        });
+    }
+    Ok(routes)
 }
 
 impl AgentRuntimeBuilder {

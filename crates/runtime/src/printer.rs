@@ -254,6 +254,12 @@ fn status_line(event: &AgentEvent) -> Option<String> {
             shorten(error)
         ),
         AgentEvent::Nudge { text, .. } => format!("[nudge] {}", shorten(text)),
+        AgentEvent::ModelFallback {
+            from_model,
+            to_model,
+            error,
+            ..
+        } => format!("[fallback] {from_model} → {to_model}: {}", shorten(error)),
         AgentEvent::RateLimited {
             provider, wait_ms, ..
         } => format!("[rate limited] waiting about {wait_ms} ms for provider \"{provider}\""),

@@ -385,6 +385,7 @@ fn builder_with(
         if let Some(max) = model.max_output_tokens {
             spec = spec.with_max_output_tokens(max);
         }
+        spec = spec.with_fallbacks(model.fallbacks.iter().cloned());
         builder = builder.with_model(spec);
     }
     let (mut terminate, mut ask_user) = (false, false);

@@ -259,3 +259,53 @@ async fn a_process_killed_holding_a_reservation_frees_it_when_its_lease_ends() {
     assert_eq!(fake.tally.lock().unwrap().accepted.len(), 2);
     assert_eq!(fake.tally.lock().unwrap().refused, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_whose_provider_is_down_falls_back_to_the_next_model() {
+    let fake = Fake::start(100, 1_000_000, Duration::from_secs(1), Duration::ZERO, 1).await;
+    // A port nothing listens on: bound, then closed.
+    let down = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let yaml = format!(
+        r#"
+providers:
+  hosted: {{ kind: openai_compatible, base_url: "http://{down}/v1/" }}
+  backup: {{ kind: openai_compatible, base_url: "{url}", limits: {{ max_concurrent: 4 }} }}
+models:
+  main: {{ provider: hosted, model: big-model, fallbacks: [small] }}
+  small: {{ provider: backup, model: fake-model }}
+agents:
+  - {{ id: worker, model_id: main }}
+"#,
+        url = fake.url
+    );
+    let path = std::env::temp_dir().join(format!("rein-fallback-{}.yaml", std::process::id()));
+    std::fs::write(&path, yaml).unwrap();
+    let node = Node::start(&path);
+    let run = node
+        .submit(&thread("fallback"), "worker", "hello", "reject")
+        .await;
+    let run_id = run["run_id"].as_str().unwrap();
+    let events = node.events(run_id, None, Duration::from_secs(30)).await;
+    let fallback = events
+        .iter()
+        .find(|(_, kind, _)| kind == "model_fallback")
+        .expect("a model_fallback event");
+    let data: Value = serde_json::from_str(&fallback.2).unwrap();
+    assert_eq!(
+        (data["from_model"].as_str(), data["to_model"].as_str()),
+        (Some("main"), Some("small"))
+    );
+    let usage = events
+        .iter()
+        .find(|(_, kind, _)| kind == "round_usage")
+        .expect("a round_usage event");
+    let data: Value = serde_json::from_str(&usage.2).unwrap();
+    assert_eq!(data["model"], "small");
+    let record = node.finished(run_id, Duration::from_secs(10)).await;
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    assert_eq!(record["response"], "ok");
+    assert_eq!(fake.tally.lock().unwrap().accepted.len(), 1);
+}

@@ -17,7 +17,7 @@ impl Run {
     /// it has limits. `Err(None)`: cancelled while waiting (nothing sent);
     /// `Err(Some(error))`: the limits' ledger failed.
     pub(super) async fn admit(&mut self) -> Result<(), Option<InferenceError>> {
-        let Some(gate) = self.agent.limits.clone() else {
+        let Some(gate) = self.gate().cloned() else {
             return Ok(());
         };
         let tokens = match &self.context {
@@ -88,7 +88,7 @@ impl Run {
             _ => None,
         });
         permit.settle(used).await;
-        if let (Some(pause), Some(gate)) = (pause, &self.agent.limits)
+        if let (Some(pause), Some(gate)) = (pause, self.gate())
             && pause > Duration::ZERO
         {
             gate.pause(pause).await;

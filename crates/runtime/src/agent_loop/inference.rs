@@ -141,7 +141,7 @@ impl Run {
     /// Streams one inference, racing every await against cancellation and
     /// the deadline.
     pub(super) async fn infer(&mut self) -> Inference {
-        let executor = self.agent.executor.clone();
+        let executor = self.executor().clone();
         if let Some(context) = &mut self.context {
             context.sending();
             let (estimated_tokens, window_tokens) = (context.estimate(), context.window_tokens());
@@ -159,7 +159,7 @@ impl Run {
             Err(Some(error)) => return Inference::Failed(error),
         }
         let span = telemetry::chat_span(
-            &self.agent.model,
+            self.model(),
             self.context
                 .as_ref()
                 .map_or(&self.request, |c| c.request(&self.request)),
@@ -293,6 +293,9 @@ impl Run {
             };
             self.judge.failed(stats, at, &mut acting);
         }
+        // Past its attempts, a failing model hands over to its next
+        // fallback (the attempt was still a failed round, seen below).
+        let fell_back = self.fall_back(&error);
         let focus = Focus {
             error: Some(&error),
             ..Focus::default()
@@ -303,6 +306,9 @@ impl Run {
         self.guard(Some(&error));
         if let Some(reason) = self.termination() {
             return Some(reason);
+        }
+        if fell_back {
+            return None;
         }
         // A refused attempt is a round like any failed one (counted above,
         // seen by hooks and policies); with a context policy it is then
@@ -329,7 +335,7 @@ impl Run {
         // such host) is not retried round after round until a limit says
         // `stopped`: after a few attempts the run ends `error`, naming it.
         if error.kind() == InferenceErrorKind::Connection && attempt >= CONNECTION_ATTEMPTS {
-            let model = &self.agent.model;
+            let model = self.model();
             return Some(TerminationReason::Error(format!(
                 "inference failed: provider \"{}\" (model \"{}\") could not be reached in {attempt} attempts: {error}",
                 model.provider_id, model.upstream_model
@@ -367,6 +373,7 @@ impl Run {
                     thread_id: self.id.thread_id.clone(),
                     step: self.steps,
                     usage,
+                    model: self.model().id.clone(),
                 });
                 if let Some(context) = &self.context {
                     context.observe(usage.input_tokens);

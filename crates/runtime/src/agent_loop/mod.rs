@@ -33,6 +33,7 @@
 mod admission;
 mod backoff;
 mod context;
+mod fallback;
 mod inference;
 pub(crate) mod judge;
 mod park;
@@ -163,7 +164,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         let _ = control.family.set(Arc::new(family));
     }
     // A provider with a token limit needs each prompt's estimate.
-    let estimated = agent.limits.as_ref().is_some_and(|g| g.counts_tokens());
+    let estimated = agent.counts_tokens();
     let context = match (&agent.context, token_budget) {
         (None, None) if !estimated => None,
         (setup, budget) => {
@@ -196,6 +197,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
         pool,
         reserved: 0,
         limited: None,
+        route: 0,
         guard,
         max_rounds,
         time_limit,
@@ -297,6 +299,8 @@ struct Run {
     /// The provider's limits: the reservation of the inference in flight
     /// and the waits so far (boxed: only runs on a limited provider pay).
     limited: Option<Box<Limited>>,
+    /// Which model the run uses: 0 the agent's, `n` its `n`th fallback.
+    route: usize,
     /// The guard's checks when the request capped `max_rounds`.
     guard: Option<Vec<crate::agent::GuardItem>>,
     /// The run's cap on inferences (0: unbounded).

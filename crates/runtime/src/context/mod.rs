@@ -327,6 +327,15 @@ impl ContextWindow {
     }
 
     /// The request to send: the view, or the history itself.
+    /// Sends the view's next requests to `model` (a fallback).
+    pub(crate) fn route_to(&mut self, model: &rein_runtime_contract::spec::ModelSpec) {
+        if let Some(view) = &mut self.view {
+            view.model.clone_from(&model.upstream_model);
+            view.temperature = model.temperature;
+            view.max_output_tokens = model.max_output_tokens;
+        }
+    }
+
     pub(crate) fn request<'a>(&'a self, history: &'a InferenceRequest) -> &'a InferenceRequest {
         self.view.as_ref().unwrap_or(history)
     }

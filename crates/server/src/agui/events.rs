@@ -194,6 +194,14 @@ impl Run {
             }
             // A wait for the provider's limits: no AG-UI event says it, so
             // a custom one does.
+            AgentEvent::ModelFallback {
+                from_model,
+                to_model,
+                error,
+                ..
+            } => {
+                out.push(self.tagged(json!({"type": "CUSTOM", "name": "model_fallback", "value": {"from_model": from_model, "to_model": to_model, "error": error}})));
+            }
             AgentEvent::RateLimited {
                 provider, wait_ms, ..
             } => {

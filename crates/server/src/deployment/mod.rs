@@ -131,6 +131,10 @@ pub struct ModelConfig {
     /// The answer's token limit.
     #[serde(default)]
     pub max_output_tokens: Option<u32>,
+    /// Models to go on with, in order, when this one's provider keeps
+    /// failing.
+    #[serde(default)]
+    pub fallbacks: Vec<String>,
 }
 
 /// An MCP server: a command to run (stdio) or a URL (streamable HTTP).
@@ -507,6 +511,22 @@ impl Deployment {
                     &format!("models.{id}.model"),
                     format!("model \"{id}\": {message}"),
                 );
+            }
+            for (i, fallback) in model.fallbacks.iter().enumerate() {
+                if fallback == id || !self.models.contains_key(fallback) {
+                    error(
+                        &format!("models.{id}.fallbacks[{i}]"),
+                        format!(
+                            "model \"{id}\": fallback \"{fallback}\" is {}; known models: {}",
+                            if fallback == id {
+                                "the model itself"
+                            } else {
+                                "not a model of this file"
+                            },
+                            known(self.models.keys())
+                        ),
+                    );
+                }
             }
             if !self.providers.contains_key(&model.provider) {
                 error(

@@ -264,6 +264,25 @@ fn provider_limits_out_of_bounds_are_refused_at_their_key() {
     );
 }
 
+#[test]
+fn a_fallback_that_is_no_model_of_the_file_is_refused_at_its_value() {
+    let lines = errors(
+        "providers:\n  p: { kind: scripted, responses: [hi] }\nmodels:\n  m: { provider: p, model: x, fallbacks: [small, m] }\n  small: { provider: p, model: y }\nagents:\n  - { id: a, model_id: m }\n",
+    );
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("<text>:4:50: model \"m\": fallback \"m\" is the model itself"),
+        "{lines:?}"
+    );
+    let lines = errors(
+        "providers:\n  p: { kind: scripted, responses: [hi] }\nmodels:\n  m: { provider: p, model: x, fallbacks: [smal] }\nagents:\n  - { id: a, model_id: m }\n",
+    );
+    assert!(
+        lines[0].starts_with("<text>:4:43: model \"m\": fallback \"smal\" is not a model of this file; known models: m"),
+        "{lines:?}"
+    );
+}
+
 /// The keys the loader accepts where `yaml` puts an unknown key `bogus`
 /// (or type `bogus`), read from its error's "expected …" list.
 fn accepted_keys(yaml: &str) -> Vec<String> {
