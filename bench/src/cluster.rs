@@ -56,14 +56,14 @@ impl Drop for Node {
 }
 
 /// A database of its own for one workload.
-struct Database {
+pub(crate) struct Database {
     admin: sqlx::PgPool,
     name: String,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Database {
-    async fn create() -> Self {
+    pub(crate) async fn create() -> Self {
         let base = std::env::var("REIN_DATABASE_URL").unwrap_or_else(|_| {
             fail("REIN_DATABASE_URL is not set: `cargo xtask postgres start` prints it")
         });
@@ -91,7 +91,7 @@ impl Database {
     }
 
     /// Drops it (the servers using it must have stopped).
-    async fn drop(self) {
+    pub(crate) async fn drop(self) {
         let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "DROP DATABASE IF EXISTS {} WITH (FORCE)",
             self.name

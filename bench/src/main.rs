@@ -19,6 +19,7 @@ mod approvals;
 mod cluster;
 mod context;
 mod http;
+mod limits;
 mod subagents;
 
 use std::collections::HashMap;
@@ -673,6 +674,11 @@ fn main() {
         "cluster_approval_lost_notify" => on_worker(&rt, cluster::approval(scale(50, 2), true)),
         "cluster_parked_memory" => on_worker(&rt, cluster::parked_memory(scale(2000, 10))),
         "cluster_cancel" => on_worker(&rt, cluster::cancel(scale(200, 3))),
+        "limits" => on_worker(
+            &rt,
+            limits::in_process(scale(1_000_000, 100), scale(200, 2)),
+        ),
+        "cluster_limits" => on_worker(&rt, limits::postgres(scale(2000, 10))),
         "cluster_submit" => on_worker(
             &rt,
             cluster::submit_storm("cluster_submit", "quick", 1, scale(6000, 30), STORM_CLIENTS),

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// The workloads, in order, with their names in the table
 /// (`external`: driven from the thread that owns the runtime, not a worker).
-pub(crate) const WORKLOADS: [(&str, &str); 35] = [
+pub(crate) const WORKLOADS: [(&str, &str); 37] = [
     ("rounds", "W1"),
     ("rounds_external", "W1 external"),
     ("rounds_policies", "W1b"),
@@ -40,6 +40,7 @@ pub(crate) const WORKLOADS: [(&str, &str); 35] = [
     ("subagent_overhead", "W12b"),
     ("approval_resume", "W13a"),
     ("approval_parked_memory", "W13c"),
+    ("limits", "W14"),
     ("cluster_cancel", "W8"),
     ("cluster_submit", "W9 one hot thread"),
     ("cluster_submit_spread", "W9 over 64 threads"),
@@ -50,6 +51,7 @@ pub(crate) const WORKLOADS: [(&str, &str); 35] = [
     ("cluster_takeover", "W10"),
     ("cluster_approval", "W13b"),
     ("cluster_parked_memory", "W13c in the service"),
+    ("cluster_limits", "W14 on PostgreSQL"),
     (
         "cluster_approval_lost_notify",
         "W13b with the notification lost",

@@ -177,10 +177,10 @@ commands:
                                        cancel_open mailbox mailbox_external policies chanting
                                        chanting_spaces chanting_rules http http_auth http_first_event
                                        http_retention subagent_cancel subagent_overhead
-                                       approval_resume approval_parked_memory,
+                                       approval_resume approval_parked_memory limits,
                                        cluster_cancel, cluster_submit,
                                        cluster_submit_spread, cluster_submit_spread_held,
-                                       cluster_takeover, cluster_approval,
+                                       cluster_takeover, cluster_approval, cluster_limits,
                                        cluster_approval_lost_notify,
                                        cluster_parked_memory (these need
                                        REIN_DATABASE_URL)";

@@ -107,20 +107,14 @@ impl LimitLedger for PgLimitLedger {
         tokens: u64,
         received_ago: Duration,
     ) -> Result<(), LedgerError> {
-        sqlx::query(
-            "UPDATE rein_limit_reservations
-             SET tokens = $2,
-                 counts_until = GREATEST(reserved_at, clock_timestamp() - $3 * interval '1 millisecond')
-                                + window_ms * interval '1 millisecond'
-             WHERE id = $1",
-        )
-        .bind(i64::try_from(id).unwrap_or(i64::MAX))
-        .bind(cap(Some(tokens)))
-        .bind(millis(received_ago))
-        .execute(&self.pool)
-        .await
-        .map(drop)
-        .map_err(|e| failed(&e))
+        sqlx::query("SELECT rein_limit_settle($1, $2, $3)")
+            .bind(i64::try_from(id).unwrap_or(i64::MAX))
+            .bind(cap(Some(tokens)))
+            .bind(millis(received_ago))
+            .execute(&self.pool)
+            .await
+            .map(drop)
+            .map_err(|e| failed(&e))
     }
 
     async fn pause(&self, provider: &str, duration: Duration) -> Result<(), LedgerError> {
@@ -179,11 +173,16 @@ impl LimitLedger for PgLimitLedger {
         let (requests, tokens, in_flight, waiting, paused_ms): (i64, i64, i64, i64, Option<i64>) =
             sqlx::query_as(
                 "SELECT
-                   (SELECT count(*) FROM rein_limit_window($1, clock_timestamp()) w
-                     WHERE w.until IS NULL OR w.until > clock_timestamp()),
-                   (SELECT COALESCE(sum(w.tokens), 0)::BIGINT FROM rein_limit_window($1, clock_timestamp()) w
-                     WHERE w.until IS NULL OR w.until > clock_timestamp()),
-                   (SELECT count(*) FROM rein_limit_window($1, clock_timestamp()) w WHERE w.until IS NULL),
+                   (SELECT count(*) FROM rein_limit_reservations r
+                     WHERE r.provider = $1
+                       AND (r.counts_until IS NULL OR r.counts_until > clock_timestamp())),
+                   (SELECT COALESCE(sum(r.tokens), 0)::BIGINT FROM rein_limit_reservations r
+                     WHERE r.provider = $1
+                       AND (r.counts_until IS NULL OR r.counts_until > clock_timestamp())),
+                   (SELECT count(*) FROM rein_limit_reservations r
+                     JOIN rein_limit_owners o ON o.owner = r.owner
+                     WHERE r.provider = $1 AND r.counts_until IS NULL
+                       AND o.alive_until > clock_timestamp()),
                    (SELECT count(*) FROM rein_limit_waiters w JOIN rein_limit_owners o ON o.owner = w.owner
                      WHERE w.provider = $1 AND o.alive_until > clock_timestamp()),
                    (SELECT ceil(extract(epoch FROM p.until - clock_timestamp()) * 1000)::BIGINT

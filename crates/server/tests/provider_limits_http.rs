@@ -19,11 +19,11 @@ use cluster_common::{DATABASE, Node, database};
 use fake_openai::Fake;
 use serde_json::Value;
 
-/// A deployment whose one agent talks to the fake through a provider with
-/// `limits`, kept in PostgreSQL when `postgres`.
-/// (`lease_seconds`: in PostgreSQL mode, the processes' lease; `None`
-/// keeps threads in memory).
-fn deployment(fake: &Fake, limits: &str, lease_seconds: Option<u64>) -> PathBuf {
+/// A deployment whose one agent talks to the fake through the provider
+/// `provider` with `limits` (`lease_seconds`: in PostgreSQL mode, the
+/// processes' lease; `None` keeps threads in memory). Processes sharing a
+/// database share a provider's limits by its id: each test names its own.
+fn deployment(fake: &Fake, provider: &str, limits: &str, lease_seconds: Option<u64>) -> PathBuf {
     let store = match lease_seconds {
         Some(lease) => format!(
             "store: {{ postgres: {{ url_env: REIN_DATABASE_URL }} }}\nserver: {{ lease_seconds: {lease} }}"
@@ -33,12 +33,12 @@ fn deployment(fake: &Fake, limits: &str, lease_seconds: Option<u64>) -> PathBuf 
     let yaml = format!(
         r#"
 providers:
-  hosted:
+  {provider}:
     kind: openai_compatible
     base_url: {url}
     limits: {limits}
 models:
-  main: {{ provider: hosted, model: fake-model, max_output_tokens: 16 }}
+  main: {{ provider: {provider}, model: fake-model, max_output_tokens: 16 }}
 agents:
   - {{ id: worker, model_id: main }}
 {store}
@@ -55,6 +55,17 @@ agents:
 /// A prompt of about 250 tokens as the fake counts them.
 fn prompt(i: usize) -> String {
     format!("task {i}: {}", "lorem ipsum ".repeat(83))
+}
+
+/// The node's `/metrics` text.
+async fn metrics(node: &Node) -> String {
+    let response = node
+        .client
+        .get(format!("{}/metrics", node.url))
+        .send()
+        .await
+        .unwrap();
+    response.text().await.unwrap()
 }
 
 /// Inferences per run in the fleet test.
@@ -75,7 +86,12 @@ fn fastrand_suffix() -> u128 {
 async fn one_process_waits_instead_of_being_refused_and_shows_the_waits() {
     // The fake allows 2 requests per second; so does Rein.
     let fake = Fake::start(2, 100_000, Duration::from_secs(1), Duration::ZERO, 1).await;
-    let config = deployment(&fake, "{ requests_per_minute: 120, window_ms: 1000 }", None);
+    let config = deployment(
+        &fake,
+        "hosted",
+        "{ requests_per_minute: 120, window_ms: 1000 }",
+        None,
+    );
     let node = Node::start(&config);
     let base = thread("one");
     let mut runs = Vec::new();
@@ -117,6 +133,11 @@ async fn one_process_waits_instead_of_being_refused_and_shows_the_waits() {
         }
     }
     assert_eq!(waited, 4, "2 went at once, 4 waited");
+    let metrics = metrics(&node).await;
+    assert!(
+        metrics.contains("rein_rate_limited_waits_total{provider=\"hosted\"} 4"),
+        "{metrics}"
+    );
     assert_eq!(
         fake.tally.lock().unwrap().refused,
         0,
@@ -141,8 +162,10 @@ async fn three_processes_share_one_set_of_limits_use_them_fully_and_starve_no_ru
         ROUNDS,
     )
     .await;
+    let provider = thread("fleet").replace('-', "_");
     let config = deployment(
         &fake,
+        &provider,
         "{ requests_per_minute: 1800, tokens_per_minute: 600000, window_ms: 2000 }",
         Some(5),
     );
@@ -213,6 +236,25 @@ async fn three_processes_share_one_set_of_limits_use_them_fully_and_starve_no_ru
         assert_eq!(status, 200);
         assert_eq!(providers[0]["usage"]["in_flight"], 0, "{providers}");
     }
+    // The ledger's running totals match its rows.
+    let pool = sqlx::PgPool::connect(&database().unwrap()).await.unwrap();
+    let books: (i64, i64, i64) = sqlx::query_as(
+        "SELECT requests, tokens, in_flight FROM rein_limit_books WHERE provider = $1",
+    )
+    .bind(&provider)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let rows: (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), COALESCE(sum(tokens), 0)::BIGINT, count(*) FILTER (WHERE counts_until IS NULL)
+         FROM rein_limit_reservations WHERE provider = $1",
+    )
+    .bind(&provider)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(books, rows);
+    assert_eq!(books.2, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,7 +263,12 @@ async fn a_process_killed_holding_a_reservation_frees_it_when_its_lease_ends() {
     let _shared = DATABASE.read().await;
     let fake = Fake::start(100, 1_000_000, Duration::from_secs(1), Duration::ZERO, 1).await;
     let lease = 2;
-    let config = deployment(&fake, "{ max_concurrent: 1 }", Some(lease));
+    let config = deployment(
+        &fake,
+        &thread("killed").replace('-', "_"),
+        "{ max_concurrent: 1 }",
+        Some(lease),
+    );
     let (a, b) = (Node::start(&config), Node::start(&config));
     let base = thread("killed");
     // a's inference hangs at the provider, holding the only slot.
@@ -307,5 +354,10 @@ agents:
     let record = node.finished(run_id, Duration::from_secs(10)).await;
     assert_eq!(record["termination"]["type"], "natural_end", "{record}");
     assert_eq!(record["response"], "ok");
+    let metrics = metrics(&node).await;
+    assert!(
+        metrics.contains("rein_model_fallbacks_total{model=\"main\"} 1"),
+        "{metrics}"
+    );
     assert_eq!(fake.tally.lock().unwrap().accepted.len(), 1);
 }

@@ -61,6 +61,10 @@ pub(crate) struct Metrics {
     finished: Mutex<BTreeMap<String, u64>>,
     /// Detector firings, by code.
     detected: Mutex<BTreeMap<String, u64>>,
+    /// Inferences that waited for their provider's limits, by provider.
+    rate_limited: Mutex<BTreeMap<String, u64>>,
+    /// Runs that left a model for its fallback, by the model left.
+    fallbacks: Mutex<BTreeMap<String, u64>>,
     input_tokens: AtomicU64,
     output_tokens: AtomicU64,
     inference: Histogram,
@@ -105,6 +109,8 @@ impl Metrics {
                     .fetch_add(usage.output_tokens, Ordering::Relaxed);
             }
             AgentEvent::Detected { code, .. } => bump(&self.detected, code),
+            AgentEvent::RateLimited { provider, .. } => bump(&self.rate_limited, provider),
+            AgentEvent::ModelFallback { from_model, .. } => bump(&self.fallbacks, from_model),
             _ => {}
         }
     }
@@ -148,6 +154,20 @@ impl Metrics {
             "Detector firings, by stop code.",
             "code",
             &self.detected,
+        );
+        counted(
+            &mut out,
+            "rein_rate_limited_waits_total",
+            "Inferences that waited for their provider's limits, by provider.",
+            "provider",
+            &self.rate_limited,
+        );
+        counted(
+            &mut out,
+            "rein_model_fallbacks_total",
+            "Runs that went on with a fallback model, by the model they left.",
+            "model",
+            &self.fallbacks,
         );
         let gauge = |out: &mut String, name: &str, help: &str, value: u64| {
             let _ = writeln!(

@@ -15,14 +15,14 @@
 //!   one set of limits holds however many processes serve.
 //! - A [`ProviderGate`] is one process's door to one provider: it queues
 //!   the runs that wait, in the order they began waiting, and only the
-//!   head of the queue asks the ledger. With a shared ledger the oldest
-//!   head across all processes goes first, which keeps the order global.
+//!   head of the queue asks the ledger. A shared ledger admits the process
+//!   whose oldest waiter has waited longest, which keeps the order global.
 //!
-//! **Invariants.**
+//! **Invariant:** (architecture.md, invariant 10)
 //! - A reservation counts from the moment it is made until one window
-//!   after it is settled (after the answer ended): the provider received
-//!   the request somewhere in between, so the ledger never counts less
-//!   than the provider does.
+//!   after the provider answered (its first byte; the answer's end when it
+//!   never answered): the provider received the request in between, so
+//!   the ledger never counts less than the provider does.
 //! - A wait is not an inference: it is no round, no error, and does not
 //!   touch `consecutive_errors` or `error_rate`.
 //! - A 429 (or `Retry-After`) pauses the provider for every run, in every
@@ -417,8 +417,8 @@ impl ProviderGate {
             let turn = self.turn.notified();
             tokio::pin!(turn);
             turn.as_mut().enable();
-            let head = self.queue().front() == Some(&waiter.id);
-            let pause = if head {
+            let position = self.queue().iter().position(|&w| w == waiter.id);
+            let (pause, expected) = if position == Some(0) {
                 let ask = Ask {
                     tokens,
                     waiter: Some(waiter),
@@ -428,17 +428,22 @@ impl ProviderGate {
                         place.leave(false);
                         return Ok(admitted(id));
                     }
-                    Ok(Reserve::Wait(after)) => {
-                        after.map_or(POLL_INTERVAL, |d| d.min(POLL_INTERVAL))
-                    }
+                    Ok(Reserve::Wait(after)) => (
+                        after.map_or(POLL_INTERVAL, |d| d.min(POLL_INTERVAL)),
+                        after.unwrap_or(POLL_INTERVAL),
+                    ),
                     Err(error) => return Err(error),
                 }
             } else {
                 // Not first in line: the head's turn ends with a notify.
-                Duration::from_secs(3600)
+                let ahead = position.unwrap_or_default();
+                (
+                    Duration::from_secs(3600),
+                    self.pace() * u32::try_from(ahead).unwrap_or(u32::MAX),
+                )
             };
             if let Some(report) = on_wait.take() {
-                report(self.expected_wait(head).await);
+                report(expected);
             }
             tokio::select! {
                 biased;
@@ -456,20 +461,15 @@ impl ProviderGate {
             .map_err(Refused::Ledger)
     }
 
-    /// A first estimate of how long a new waiter waits: the time until the
-    /// window has room for the ones ahead of it, roughly (the queue ahead,
-    /// each at the window's average pace).
-    async fn expected_wait(&self, head: bool) -> Duration {
-        let ahead = self.waiting().saturating_sub(1);
+    /// The window's average time between two requests (zero without a
+    /// request limit): a waiter's first estimate is this per waiter ahead.
+    fn pace(&self) -> Duration {
         let window = self.limits.window_duration();
-        let pace = self
-            .limits
+        self.limits
             .requests_per_window()
             .map_or(Duration::ZERO, |r| {
                 window / u32::try_from(r).unwrap_or(u32::MAX).max(1)
-            });
-        let base = if head { POLL_INTERVAL } else { pace };
-        base + pace * u32::try_from(ahead).unwrap_or(u32::MAX)
+            })
     }
 
     /// Pauses the provider for every run (a 429 said to wait `duration`).

@@ -291,7 +291,7 @@
           break;
         case 'round_usage':
           rounds.push({ step: e.step, usage: e.usage });
-          if (current && current.step === e.step) current.head.append(el('span', { class: 'muted', text: ` · ${e.usage.input_tokens} in / ${e.usage.output_tokens} out` }));
+          if (current && current.step === e.step) current.head.append(el('span', { class: 'muted', text: ` · ${e.usage.input_tokens} in / ${e.usage.output_tokens} out${e.model ? ` · ${e.model}` : ''}` }));
           chart.replaceChildren(tokenChart(rounds, budget));
           break;
         case 'tool_call_started': {
@@ -311,6 +311,12 @@
         }
         case 'inference_retry':
           add('retry', el('span', { class: 'kind', text: 'Retry' }), `attempt ${e.attempt} in ${e.delay_ms} ms: ${e.error}`);
+          break;
+        case 'rate_limited':
+          add('retry', el('span', { class: 'kind', text: 'Rate limited' }), `waiting about ${e.wait_ms} ms for provider ${e.provider}`);
+          break;
+        case 'model_fallback':
+          add('retry', el('span', { class: 'kind', text: 'Fallback' }), `${e.from_model} → ${e.to_model}: ${e.error}`);
           break;
         case 'nudge':
           add('nudge', el('span', { class: 'kind', text: 'Nudge' }), e.text);
