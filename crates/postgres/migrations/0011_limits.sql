@@ -108,15 +108,21 @@ BEGIN
           AND o.alive_until + make_interval(secs => r.window_ms / 1000.0) <= now_ts
         RETURNING r.tokens
     ) SELECT count(*), COALESCE(sum(l.tokens), 0) INTO lost_requests, lost_tokens FROM lost l;
-    UPDATE rein_limit_books b
-        SET requests = b.requests - gone_requests - lost_requests,
-            tokens = b.tokens - gone_tokens - lost_tokens,
-            in_flight = b.in_flight - lost_requests
-        WHERE b.provider = p_provider
-        RETURNING b.requests, b.tokens, b.in_flight INTO n_requests, n_tokens, n_flight;
+    -- The totals, less what just left; written back once, at the end.
+    SELECT b.requests - gone_requests - lost_requests, b.tokens - gone_tokens - lost_tokens,
+           b.in_flight - lost_requests
+        INTO n_requests, n_tokens, n_flight
+        FROM rein_limit_books b WHERE b.provider = p_provider;
 
     SELECT p.until INTO paused FROM rein_limit_pauses p WHERE p.provider = p_provider;
     IF paused > now_ts THEN
+        IF gone_requests + lost_requests > 0 THEN
+            UPDATE rein_limit_books b
+                SET requests = b.requests - gone_requests - lost_requests,
+                    tokens = b.tokens - gone_tokens - lost_tokens,
+                    in_flight = b.in_flight - lost_requests
+                WHERE b.provider = p_provider;
+        END IF;
         RETURN QUERY SELECT NULL::BIGINT,
             ceil(extract(epoch FROM paused - now_ts) * 1000)::BIGINT;
         RETURN;
@@ -154,6 +160,13 @@ BEGIN
         IF at_tok IS NULL THEN at_tok := 'infinity'; END IF;
     END IF;
     IF blocked THEN
+        IF gone_requests + lost_requests > 0 THEN
+            UPDATE rein_limit_books b
+                SET requests = b.requests - gone_requests - lost_requests,
+                    tokens = b.tokens - gone_tokens - lost_tokens,
+                    in_flight = b.in_flight - lost_requests
+                WHERE b.provider = p_provider;
+        END IF;
         at_req := GREATEST(at_req, at_tok);
         RETURN QUERY SELECT NULL::BIGINT,
             CASE WHEN at_req IS NULL OR at_req = 'infinity' THEN NULL
@@ -174,6 +187,13 @@ BEGIN
     ) THEN
         -- Room, but an older waiter of another process goes first: it is
         -- awake (it asks when room frees), so ask again in a moment.
+        IF gone_requests + lost_requests > 0 THEN
+            UPDATE rein_limit_books b
+                SET requests = b.requests - gone_requests - lost_requests,
+                    tokens = b.tokens - gone_tokens - lost_tokens,
+                    in_flight = b.in_flight - lost_requests
+                WHERE b.provider = p_provider;
+        END IF;
         RETURN QUERY SELECT NULL::BIGINT, 2::BIGINT;
         RETURN;
     END IF;
@@ -182,7 +202,9 @@ BEGIN
         VALUES (p_provider, p_owner, p_tokens, p_window_ms, now_ts)
         RETURNING rein_limit_reservations.id INTO new_id;
     UPDATE rein_limit_books b
-        SET requests = b.requests + 1, tokens = b.tokens + p_tokens, in_flight = b.in_flight + 1
+        SET requests = b.requests - gone_requests - lost_requests + 1,
+            tokens = b.tokens - gone_tokens - lost_tokens + p_tokens,
+            in_flight = b.in_flight - lost_requests + 1
         WHERE b.provider = p_provider;
     DELETE FROM rein_limit_waiters w
         WHERE w.provider = p_provider AND w.owner = p_owner AND w.waiter = p_waiter;

@@ -605,9 +605,10 @@ pub struct StopReport {
     /// in `tool_calls` as `not_started`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_approvals: Vec<crate::approval::PendingApproval>,
-    /// How long the run waited for its provider's limits, when it waited.
+    /// How long the run waited for its provider's limits, when it waited
+    /// (boxed: most runs never wait, and every event carries the report).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limited: Option<RateLimitedWait>,
+    pub rate_limited: Option<Box<RateLimitedWait>>,
 }
 
 /// The waits of a run for its provider's limits, in its [`StopReport`].

@@ -9,7 +9,7 @@ use std::time::Duration;
 use rein_runtime_contract::event::AgentEvent;
 use rein_runtime_contract::inference::{InferenceError, InferenceErrorKind};
 
-use super::{Limited, Run, emit_guarded};
+use super::{Run, emit_guarded};
 use crate::limits::{DEFAULT_OUTPUT_RESERVE, Refused};
 
 impl Run {
@@ -96,11 +96,14 @@ impl Run {
     }
 
     /// The run's waits so far, for its stop report.
-    pub(super) fn rate_limited(&self) -> Option<rein_runtime_contract::lifecycle::RateLimitedWait> {
+    pub(super) fn rate_limited(
+        &self,
+    ) -> Option<Box<rein_runtime_contract::lifecycle::RateLimitedWait>> {
         self.limited
             .as_ref()
-            .map(|l: &Box<Limited>| l.waited)
+            .map(|l| l.waited)
             .filter(|w| w.waits > 0)
+            .map(Box::new)
     }
 }
 
