@@ -74,11 +74,14 @@ DECLARE
     n_requests BIGINT;
     n_tokens BIGINT;
     n_flight BIGINT;
-    at_req TIMESTAMPTZ;
-    at_tok TIMESTAMPTZ;
+    -- When room frees up, if known.
+    at_room TIMESTAMPTZ;
     need BIGINT;
     row_ RECORD;
-    blocked BOOLEAN := FALSE;
+    -- Whether the answer is to wait (`wait_out`: how long; NULL: until
+    -- something settles).
+    decided BOOLEAN := FALSE;
+    wait_out BIGINT;
     new_id BIGINT;
 BEGIN
     -- A reservation lost with a database crash costs at most one
@@ -116,35 +119,28 @@ BEGIN
 
     SELECT p.until INTO paused FROM rein_limit_pauses p WHERE p.provider = p_provider;
     IF paused > now_ts THEN
-        IF gone_requests + lost_requests > 0 THEN
-            UPDATE rein_limit_books b
-                SET requests = b.requests - gone_requests - lost_requests,
-                    tokens = b.tokens - gone_tokens - lost_tokens,
-                    in_flight = b.in_flight - lost_requests
-                WHERE b.provider = p_provider;
-        END IF;
-        RETURN QUERY SELECT NULL::BIGINT,
-            ceil(extract(epoch FROM paused - now_ts) * 1000)::BIGINT;
-        RETURN;
+        wait_out := ceil(extract(epoch FROM paused - now_ts) * 1000)::BIGINT;
+        decided := TRUE;
     END IF;
 
-    IF p_concurrent_cap IS NOT NULL AND n_flight >= p_concurrent_cap THEN
+    IF NOT decided AND p_concurrent_cap IS NOT NULL AND n_flight >= p_concurrent_cap THEN
         -- The books count dead processes' calls too: count the live ones.
         SELECT count(*) INTO n_flight
             FROM rein_limit_reservations r JOIN rein_limit_owners o ON o.owner = r.owner
             WHERE r.provider = p_provider AND r.counts_until IS NULL
               AND o.alive_until > now_ts;
-        blocked := n_flight >= p_concurrent_cap;
+        -- Full: only a settle makes room (wait_ms NULL).
+        decided := n_flight >= p_concurrent_cap;
     END IF;
-    IF NOT blocked AND p_requests_cap IS NOT NULL AND n_requests >= p_requests_cap THEN
+    IF NOT decided AND p_requests_cap IS NOT NULL AND n_requests >= p_requests_cap THEN
         -- The settled row whose expiry brings the count below the cap.
-        SELECT r.counts_until INTO at_req FROM rein_limit_reservations r
+        SELECT r.counts_until INTO at_room FROM rein_limit_reservations r
             WHERE r.provider = p_provider AND r.counts_until IS NOT NULL
             ORDER BY r.counts_until OFFSET (n_requests - p_requests_cap) LIMIT 1;
-        blocked := TRUE;
-        IF at_req IS NULL THEN at_req := 'infinity'; END IF;
+        decided := TRUE;
     END IF;
-    IF NOT blocked AND p_tokens_cap IS NOT NULL AND n_tokens + p_tokens > p_tokens_cap THEN
+    IF NOT decided AND p_tokens_cap IS NOT NULL AND n_tokens + p_tokens > p_tokens_cap THEN
+        -- The settled row whose expiry frees enough tokens.
         need := n_tokens + p_tokens - p_tokens_cap;
         FOR row_ IN SELECT r.tokens, r.counts_until FROM rein_limit_reservations r
             WHERE r.provider = p_provider AND r.counts_until IS NOT NULL
@@ -152,63 +148,55 @@ BEGIN
         LOOP
             need := need - row_.tokens;
             IF need <= 0 THEN
-                at_tok := row_.counts_until;
+                at_room := row_.counts_until;
                 EXIT;
             END IF;
         END LOOP;
-        blocked := TRUE;
-        IF at_tok IS NULL THEN at_tok := 'infinity'; END IF;
+        decided := TRUE;
     END IF;
-    IF blocked THEN
-        IF gone_requests + lost_requests > 0 THEN
-            UPDATE rein_limit_books b
-                SET requests = b.requests - gone_requests - lost_requests,
-                    tokens = b.tokens - gone_tokens - lost_tokens,
-                    in_flight = b.in_flight - lost_requests
-                WHERE b.provider = p_provider;
-        END IF;
-        at_req := GREATEST(at_req, at_tok);
-        RETURN QUERY SELECT NULL::BIGINT,
-            CASE WHEN at_req IS NULL OR at_req = 'infinity' THEN NULL
-                 ELSE GREATEST(0, ceil(extract(epoch FROM at_req - now_ts) * 1000))::BIGINT END;
-        RETURN;
+    IF at_room IS NOT NULL THEN
+        wait_out := GREATEST(0, ceil(extract(epoch FROM at_room - now_ts) * 1000))::BIGINT;
     END IF;
 
-    -- A process goes in the order of its oldest waiter (its queue admits
-    -- its own waiters in order): comparing single waiters across processes
-    -- could leave each process's head behind the other's younger waiter.
-    SELECT min(w.since) INTO my_since FROM rein_limit_waiters w
-        WHERE w.provider = p_provider AND w.owner = p_owner;
-    IF EXISTS (
-        SELECT 1 FROM rein_limit_waiters w JOIN rein_limit_owners o ON o.owner = w.owner
-        WHERE w.provider = p_provider AND o.alive_until > now_ts
-          AND w.owner <> p_owner
-          AND w.since < COALESCE(my_since, now_ts)
-    ) THEN
-        -- Room, but an older waiter of another process goes first: it is
-        -- awake (it asks when room frees), so ask again in a moment.
-        IF gone_requests + lost_requests > 0 THEN
-            UPDATE rein_limit_books b
-                SET requests = b.requests - gone_requests - lost_requests,
-                    tokens = b.tokens - gone_tokens - lost_tokens,
-                    in_flight = b.in_flight - lost_requests
-                WHERE b.provider = p_provider;
+    IF NOT decided THEN
+        -- A process goes in the order of its oldest waiter (its queue
+        -- admits its own waiters in order): comparing single waiters
+        -- across processes could leave each process's head behind the
+        -- other's younger waiter.
+        SELECT min(w.since) INTO my_since FROM rein_limit_waiters w
+            WHERE w.provider = p_provider AND w.owner = p_owner;
+        IF EXISTS (
+            SELECT 1 FROM rein_limit_waiters w JOIN rein_limit_owners o ON o.owner = w.owner
+            WHERE w.provider = p_provider AND o.alive_until > now_ts
+              AND w.owner <> p_owner
+              AND w.since < COALESCE(my_since, now_ts)
+        ) THEN
+            -- Room, but an older waiter of another process goes first: it
+            -- is awake (it asks when room frees), so ask again in a moment.
+            wait_out := 2;
+            decided := TRUE;
         END IF;
-        RETURN QUERY SELECT NULL::BIGINT, 2::BIGINT;
-        RETURN;
     END IF;
 
-    INSERT INTO rein_limit_reservations (provider, owner, tokens, window_ms, reserved_at)
-        VALUES (p_provider, p_owner, p_tokens, p_window_ms, now_ts)
-        RETURNING rein_limit_reservations.id INTO new_id;
-    UPDATE rein_limit_books b
-        SET requests = b.requests - gone_requests - lost_requests + 1,
-            tokens = b.tokens - gone_tokens - lost_tokens + p_tokens,
-            in_flight = b.in_flight - lost_requests + 1
-        WHERE b.provider = p_provider;
-    DELETE FROM rein_limit_waiters w
-        WHERE w.provider = p_provider AND w.owner = p_owner AND w.waiter = p_waiter;
-    RETURN QUERY SELECT new_id, NULL::BIGINT;
+    IF NOT decided THEN
+        INSERT INTO rein_limit_reservations (provider, owner, tokens, window_ms, reserved_at)
+            VALUES (p_provider, p_owner, p_tokens, p_window_ms, now_ts)
+            RETURNING rein_limit_reservations.id INTO new_id;
+        DELETE FROM rein_limit_waiters w
+            WHERE w.provider = p_provider AND w.owner = p_owner AND w.waiter = p_waiter;
+    END IF;
+    -- The totals: what left the window, and the new reservation.
+    IF new_id IS NOT NULL OR gone_requests + lost_requests > 0 THEN
+        UPDATE rein_limit_books b
+            SET requests = b.requests - gone_requests - lost_requests
+                           + CASE WHEN new_id IS NULL THEN 0 ELSE 1 END,
+                tokens = b.tokens - gone_tokens - lost_tokens
+                         + CASE WHEN new_id IS NULL THEN 0 ELSE p_tokens END,
+                in_flight = b.in_flight - lost_requests
+                            + CASE WHEN new_id IS NULL THEN 0 ELSE 1 END
+            WHERE b.provider = p_provider;
+    END IF;
+    RETURN QUERY SELECT new_id, CASE WHEN new_id IS NULL THEN wait_out END;
 END
 $$;
 
