@@ -30,12 +30,18 @@ providers:
       - { text: "Let me check.", tool_calls: [ { name: terminate, arguments: { status: success, message: checked } } ] }
       - "Hello again, friend."
   slow: { kind: scripted, chunk_delay_ms: 200, responses: ["this answer takes a long long time to arrive"] }
+  limited:
+    kind: scripted
+    responses: ["Done."]
+    limits: { requests_per_minute: 60, window_ms: 1000 }
 models:
   chat: { provider: chat, model: c }
   slow: { provider: slow, model: s }
+  limited: { provider: limited, model: l }
 agents:
   - { id: assistant, model_id: chat, plugin_ids: [terminate] }
   - { id: slow, model_id: slow }
+  - { id: limited, model_id: limited }
 "#;
 
 /// The client's `node_modules`, or `None` (skipped, said once).
@@ -127,6 +133,32 @@ async fn the_official_client_runs_a_conversation_and_only_new_messages_are_store
         "{roles:?}"
     );
     server.stop().await;
+}
+
+#[tokio::test]
+async fn a_wait_for_the_provider_s_limits_reaches_the_official_client_as_a_custom_event() {
+    let Some(modules) = client() else { return };
+    let server = Server::start(AGUI_YAML).await;
+    let seen = node(&modules, &server.at("/v1/ag-ui/limited"), "limited").await;
+    assert_eq!(seen["warnings"], json!([]), "{seen}");
+    let custom = |run: &str| -> Vec<Value> {
+        assert_eq!(seen[run]["error"], Value::Null, "{seen}");
+        seen[run]["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["type"] == "CUSTOM")
+            .cloned()
+            .collect()
+    };
+    assert_eq!(custom("first"), Vec::<Value>::new());
+    let waits = custom("second");
+    assert_eq!(waits.len(), 1, "{seen}");
+    assert_eq!(waits[0]["name"], "rate_limited");
+    assert_eq!(waits[0]["value"]["provider"], "limited");
+    assert!(waits[0]["value"]["wait_ms"].as_u64().is_some(), "{seen}");
+    let events = seen["second"]["events"].as_array().unwrap();
+    assert_eq!(events.last().unwrap()["type"], "RUN_FINISHED");
 }
 
 #[tokio::test]

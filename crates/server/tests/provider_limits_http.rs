@@ -362,3 +362,76 @@ agents:
     );
     assert_eq!(fake.tally.lock().unwrap().accepted.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_in_one_process_pauses_the_provider_in_every_process() {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    // The provider allows one request per 3 s; Rein is told nothing of it
+    // (only `max_concurrent`), so its second request gets a 429.
+    let fake = Fake::start(1, 1_000_000, Duration::from_secs(3), Duration::ZERO, 1).await;
+    let provider = thread("paused").replace('-', "_");
+    let config = deployment(&fake, &provider, "{ max_concurrent: 8 }", Some(5));
+    let (a, b) = (Node::start(&config), Node::start(&config));
+    let base = thread("paused");
+    let first = a
+        .submit(&format!("{base}-1"), "worker", "one", "reject")
+        .await;
+    a.finished(first["run_id"].as_str().unwrap(), Duration::from_secs(10))
+        .await;
+    let second = a
+        .submit(&format!("{base}-2"), "worker", "two", "reject")
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fake.tally.lock().unwrap().refusals.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no 429");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (refused_at, retry_after) = fake.tally.lock().unwrap().refusals[0];
+    // The other process sees the pause (once a has recorded it, moments
+    // after the 429), and its run waits it out.
+    loop {
+        let (_, providers) = b.get("/v1/providers").await;
+        if providers[0]["usage"]["paused_ms"]
+            .as_u64()
+            .is_some_and(|ms| ms > 0)
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < refused_at + Duration::from_secs(2),
+            "b never saw the pause: {providers}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let third = b
+        .submit(&format!("{base}-3"), "worker", "three", "reject")
+        .await;
+    let third = b
+        .finished(third["run_id"].as_str().unwrap(), Duration::from_secs(30))
+        .await;
+    assert_eq!(third["termination"]["type"], "natural_end", "{third}");
+    assert!(
+        third["report"]["rate_limited"]["waits"].as_u64().unwrap() >= 1,
+        "{third}"
+    );
+    let second = a
+        .finished(second["run_id"].as_str().unwrap(), Duration::from_secs(30))
+        .await;
+    assert_eq!(second["termination"]["type"], "natural_end", "{second}");
+    // Nothing reached the provider while it was paused.
+    let tally = fake.tally.lock().unwrap();
+    let pause_end = refused_at + retry_after - Duration::from_millis(50);
+    let during: Vec<_> = tally
+        .accepted
+        .iter()
+        .map(|a| a.0)
+        .chain(tally.refusals.iter().skip(1).map(|r| r.0))
+        .filter(|at| *at > refused_at && *at < pause_end)
+        .collect();
+    assert!(
+        during.is_empty(),
+        "{} requests during the pause",
+        during.len()
+    );
+}

@@ -473,6 +473,10 @@ impl ProviderGate {
     }
 
     /// Pauses the provider for every run (a 429 said to wait `duration`).
+    ///
+    /// # Cancel safety
+    ///
+    /// One ledger write: dropped midway, the pause is recorded or not.
     pub async fn pause(&self, duration: Duration) {
         if let Err(error) = self.ledger.pause(&self.provider, duration).await {
             tracing::warn!(provider = %self.provider, %error, "could not record the provider's pause");
@@ -480,6 +484,10 @@ impl ProviderGate {
     }
 
     /// The provider as `GET /v1/providers` shows it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only; dropping it loses nothing.
     pub async fn status(&self) -> ProviderStatus {
         let (usage, error) = match self.ledger.usage(&self.provider, &self.limits).await {
             Ok(mut usage) => {
@@ -567,16 +575,22 @@ impl Permit {
 
     /// Settles the reservation with the tokens the answer used (`None`:
     /// unknown, what was reserved stands).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before the ledger answered, the reservation is settled by
+    /// the permit's drop instead, with what it reserved.
     pub async fn settle(mut self, used: Option<u64>) {
-        self.settled = true;
         let tokens = used.unwrap_or(self.reserved);
-        let gate = &self.gate;
+        let gate = self.gate.clone();
         let ago = self.received_ago();
-        if let Err(error) = gate
+        let settled = gate
             .ledger
             .settle(&gate.provider, self.id, tokens, ago)
-            .await
-        {
+            .await;
+        // Only now: dropped before this, the permit settles in its drop.
+        self.settled = true;
+        if let Err(error) = settled {
             tracing::warn!(provider = %gate.provider, %error, "could not settle a reservation");
         }
         gate.turn.notify_waiters();

@@ -1,3 +1,7 @@
+//! The gate and the in-memory ledger on a paused clock: windows, token
+//! reservations corrected by usage, concurrency, FIFO order, cancels and
+//! pauses.
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 // HttpAgent) and prints one JSON line with what it saw.
 //   node client.cjs <endpoint url> <scenario: conversation | abort | error |
 //     subagent | subagent-error | subagent-abort | subagent-cancel | subagent-tree |
-//     approval | approval-reject | approval-subagent | question | escalation>
+//     approval | approval-reject | approval-subagent | question | escalation | limited>
 // The sub-agent scenarios record whole events (else only their types), and
 // the client's own warnings (an event it had to strip or drop).
 const { HttpAgent } = require("@ag-ui/client");
@@ -129,6 +129,20 @@ async function main() {
     const after = (agent.pendingInterrupts || []).length;
     const messages = agent.messages.map((m) => ({ id: m.id, role: m.role, toolCalls: (m.toolCalls || []).map((c) => c.id), content: m.content }));
     console.log(JSON.stringify({ first, pending, second, after, messages, warnings }));
+  } else if (scenario === "limited") {
+    // Two runs back to back on a provider allowing one request a second:
+    // the second waits, and says so in a CUSTOM event.
+    delete process.env.SUPPRESS_TRANSFORMATION_WARNINGS;
+    const warn = console.warn;
+    console.warn = (...args) => {
+      warnings.push(args.map(String).join(" "));
+      warn(...args);
+    };
+    agent.messages = [{ id: "u1", role: "user", content: "first" }];
+    const first = await run(agent, "agui-limited-1", undefined, { full: true });
+    agent.messages.push({ id: "u2", role: "user", content: "second" });
+    const second = await run(agent, "agui-limited-2", undefined, { full: true });
+    console.log(JSON.stringify({ first, second, warnings }));
   } else {
     throw new Error(`unknown scenario ${scenario}`);
   }

@@ -27,6 +27,8 @@ pub(crate) struct Tally {
     pub(crate) accepted: Vec<(Instant, u64)>,
     /// Refused (429) requests.
     pub(crate) refused: u64,
+    /// When each refused request arrived, and the `Retry-After` it got.
+    pub(crate) refusals: Vec<(Instant, Duration)>,
     window: VecDeque<(Instant, u64)>,
 }
 
@@ -87,6 +89,7 @@ async fn completions(State(limits): State<Arc<Limits>>, body: String) -> Respons
             let retry = tally.window.front().map_or(Duration::ZERO, |(at, _)| {
                 limits.window - now.duration_since(*at)
             });
+            tally.refusals.push((now, retry));
             return (
                 StatusCode::TOO_MANY_REQUESTS,
                 [("retry-after-ms", retry.as_millis().to_string())],
