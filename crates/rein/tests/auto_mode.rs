@@ -109,6 +109,26 @@ async fn improving_metrics_run_rounds_until_the_goal_is_reached() {
 }
 
 #[tokio::test]
+async fn a_metric_reported_as_a_numeric_string_counts_toward_the_goal() {
+    let model = ScriptedExecutor::from_fn(|req| match req.messages.last().unwrap().role {
+        Role::User => {
+            ScriptedResponse::tool_call("report_metrics", json!({"metrics": {"F1": " 0.93 "}}))
+        }
+        _ => ScriptedResponse::text("Experiment done."),
+    });
+    let goal = AutomationPolicy::from_json(
+        r#"{"goals": [{"metric": "F1", "operator": ">", "value": 0.9}], "maxExperiments": 5}"#,
+    )
+    .unwrap();
+    let r = auto_runtime(model)
+        .auto_run(user("s", "go"), goal, Arc::new(CollectingSink::new()))
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "automation goals reached");
+    assert_eq!(r.rounds, 1);
+}
+
+#[tokio::test]
 async fn progress_events_carry_session_tokens_and_the_budget() {
     // Realistic prompt sizes (the agent's tool list alone is ~190 tokens):
     // 300 in / 20 out per call, two calls a round.

@@ -42,6 +42,29 @@ impl StateKey for MetricsReports {
     type Value = Vec<MetricsReport>;
 }
 
+/// A metric's value: a JSON number, or a string holding one as the
+/// source's `float()` reads it — surrounding whitespace, a sign, an
+/// exponent, `inf`/`nan`, and `_` between digits (`"1_000"`).
+fn number(value: &Value) -> Option<f64> {
+    if let Some(n) = value.as_f64() {
+        return Some(n);
+    }
+    let text = value.as_str()?.trim();
+    if let Ok(n) = text.parse::<f64>() {
+        return Some(n);
+    }
+    let bytes = text.as_bytes();
+    let digit = |i: usize| bytes.get(i).is_some_and(u8::is_ascii_digit);
+    let underscores_between_digits = text
+        .char_indices()
+        .filter(|(_, c)| *c == '_')
+        .all(|(i, _)| i > 0 && digit(i - 1) && digit(i + 1));
+    if text.contains('_') && underscores_between_digits {
+        return text.replace('_', "").parse().ok();
+    }
+    None
+}
+
 fn parse(args: &Value) -> Result<MetricsReport, ToolError> {
     let object = args
         .get("metrics")
@@ -51,9 +74,9 @@ fn parse(args: &Value) -> Result<MetricsReport, ToolError> {
         })?;
     let mut metrics = BTreeMap::new();
     for (name, value) in object {
-        let number = value.as_f64().ok_or_else(|| {
+        let number = number(value).ok_or_else(|| {
             ToolError::new(format!(
-                "invalid arguments: metric \"{name}\" must be a number, got {value}"
+                "invalid arguments: metric \"{name}\" must be a number (or a string holding one, like \"0.93\"), got {value}"
             ))
         })?;
         metrics.insert(name.clone(), number);
@@ -164,5 +187,25 @@ mod tests {
                 .contains("metric \"a\" must be a number")
         );
         assert!(parse(&json!({})).is_err());
+    }
+
+    #[test]
+    fn numeric_strings_are_read_as_the_source_s_float_reads_them() {
+        let r = parse(&json!({"metrics": {
+            "F1": "0.93", "loss": " -1.5e-3 ", "n": "+7", "big": "1_000", "inf": "inf"
+        }}))
+        .unwrap();
+        assert_eq!(r.metrics["F1"], 0.93);
+        assert_eq!(r.metrics["loss"], -0.0015);
+        assert_eq!(r.metrics["n"], 7.0);
+        assert_eq!(r.metrics["big"], 1000.0);
+        assert!(r.metrics["inf"].is_infinite());
+        for bad in ["", "0.9x", "_1", "1__0", "1_", "high"] {
+            let error = parse(&json!({"metrics": {"a": bad}})).unwrap_err();
+            assert!(
+                error.message().contains("metric \"a\" must be a number"),
+                "{bad:?}"
+            );
+        }
     }
 }
