@@ -109,3 +109,33 @@ async fn a_timeout_too_far_away_to_represent_is_no_deadline() {
     assert_eq!(r.termination, TerminationReason::NaturalEnd);
     assert_eq!(runtime.thread_messages("t").await.len(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_plugin_s_timeout_is_checked_before_the_next_inference_too() {
+    // Round 1 calls a tool that sleeps past the plugin's 50 ms; the check
+    // before round 2's inference stops the run without sending it.
+    let executor = ScriptedExecutor::new(vec![
+        ScriptedResponse::tool_call("sleep", json!({"ms": 100})),
+        ScriptedResponse::text("never sent"),
+    ]);
+    let runtime = builder_with(executor, spec().with_plugin_id("limits"))
+        .with_plugin(
+            "limits",
+            Arc::new(StopConditionPlugin::new(vec![Arc::new(
+                TimeoutPolicy::new(50),
+            )])),
+        )
+        .with_tool("sleep", Arc::new(Sleeper::new(false)))
+        .build()
+        .unwrap();
+    let result = runtime.run_to_completion(user("t", "go")).await.unwrap();
+    match &result.termination {
+        TerminationReason::Stopped(reason) => assert_eq!(reason.code, "timeout"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        result.steps, 2,
+        "round 2 started, its inference was not sent"
+    );
+    assert_eq!(result.response, "");
+}

@@ -540,6 +540,14 @@ impl Run {
                     step: self.steps,
                 }),
             }
+            // Time-based policies checked before the inference (a hook
+            // there, e.g. a plugin's timeout) see the time now.
+            if !self.agent.hooks[Phase::BeforeInference.index()].is_empty()
+                && let Ok(stats) = self.state.get_mut::<StopStatsKey>()
+            {
+                stats.elapsed_ms =
+                    u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            }
             for phase in [Phase::StepStart, Phase::BeforeInference] {
                 if let Err(reason) = self.hooks(phase, Focus::default()).await {
                     return reason;

@@ -46,6 +46,23 @@ impl Plugin for StopConditionPlugin {
                 policies: self.policies.clone(),
             }),
         );
+        // "Check twice": a timeout is also checked before each inference,
+        // so a run past its time does not start one more (the statistics'
+        // `elapsed_ms` is brought up to date before `BeforeInference`).
+        let timeouts: Vec<Arc<dyn StopPolicy>> = self
+            .policies
+            .iter()
+            .filter(|p| p.id() == "timeout")
+            .cloned()
+            .collect();
+        if !timeouts.is_empty() {
+            r.register_hook(
+                Phase::BeforeInference,
+                Arc::new(StopConditionHook {
+                    policies: timeouts.into(),
+                }),
+            );
+        }
         Ok(())
     }
 }
