@@ -260,37 +260,71 @@ async fn text_heuristics_stop_unless_disabled() {
     assert_eq!(r.stop_reason, "max experiments reached (2/2)");
 }
 
+/// The source's replan table for an emptied queue (the agent calls
+/// `terminate` with `success` every round): with no policy, with goals
+/// unmet, with experiment budget left, or with only a token budget, the
+/// session replans until a stop condition holds.
 #[tokio::test]
-async fn declaring_the_work_done_exhausts_the_queue_unless_a_goal_is_unmet() {
+async fn declaring_the_work_done_replans_until_a_stop_condition_as_the_source_s_table_says() {
     let model = || {
         ScriptedExecutor::from_fn(|req| match req.messages.last().unwrap().role {
             Role::User => {
                 ScriptedResponse::tool_call("report_metrics", json!({"metrics": {"F1": 0.5}}))
+                    .with_usage(100, 50)
             }
             _ => ScriptedResponse::tool_call(
                 "terminate",
                 json!({"status": "success", "message": "nothing left"}),
-            ),
+            )
+            .with_usage(100, 50),
         })
     };
-    let r = auto_runtime(model())
-        .auto_run(user("a", "go"), None, Arc::new(CollectingSink::new()))
-        .await
+    let session = |thread: &str, policy: Option<&str>| {
+        let policy = policy.and_then(|p| AutomationPolicy::from_json(p).unwrap());
+        let runtime = builder_with(
+            model(),
+            spec().with_plugin_id("auto").with_plugin_id("done"),
+        )
+        .with_plugin("auto", Arc::new(AutomationPlugin::new()))
+        .with_plugin("done", Arc::new(TerminatePlugin::new()))
+        .with_auto_round_ceiling(4)
+        .build()
         .unwrap();
-    assert_eq!(r.stop_reason, "queue exhausted, no replan condition met");
-    assert_eq!(r.rounds, 1);
-
-    let goal = AutomationPolicy::from_json(
-        r#"{"goals": [{"metric": "F1", "operator": ">", "value": 0.9}], "maxExperiments": 3}"#,
-    )
-    .unwrap();
-    let r = auto_runtime(model())
-        .auto_run(user("b", "go"), goal, Arc::new(CollectingSink::new()))
-        .await
-        .unwrap();
+        let thread = thread.to_owned();
+        async move {
+            runtime
+                .auto_run(user(&thread, "go"), policy, Arc::new(CollectingSink::new()))
+                .await
+                .unwrap()
+        }
+    };
+    // No policy: the ceiling ends it.
+    let r = session("none", None).await;
     assert_eq!(
-        r.stop_reason, "max experiments reached (3/3)",
-        "an unmet goal replans"
+        (r.stop_reason.as_str(), r.rounds),
+        ("max rounds reached (4)", 4)
+    );
+    // Goals unmet, no budget: the ceiling ends it.
+    let goals = r#"{"goals": [{"metric": "F1", "operator": ">", "value": 0.9}]}"#;
+    let r = session("goals", Some(goals)).await;
+    assert_eq!(
+        (r.stop_reason.as_str(), r.rounds),
+        ("max rounds reached (4)", 4)
+    );
+    // Experiment budget left: until it is spent.
+    let r = session("budget", Some(r#"{"maxExperiments": 3}"#)).await;
+    assert_eq!(
+        (r.stop_reason.as_str(), r.rounds),
+        ("max experiments reached (3/3)", 3)
+    );
+    // Only a token budget (300 tokens a round, and each round's prompts
+    // estimated before they are sent): until it is spent, past round 1.
+    let r = session("tokens", Some(r#"{"maxTokens": 800}"#)).await;
+    assert!(
+        r.stop_reason.starts_with("token budget reached (") && r.rounds >= 2,
+        "{} after {} rounds",
+        r.stop_reason,
+        r.rounds
     );
 }
 

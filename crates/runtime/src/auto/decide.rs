@@ -40,11 +40,6 @@ fn goals_met(policy: &AutomationPolicy, session: &Session) -> bool {
     }
 }
 
-fn declared_done(result: &AgentRunResult) -> bool {
-    matches!(&result.termination, TerminationReason::Stopped(r)
-        if r.code == "terminate" && r.detail.starts_with("status: success"))
-}
-
 /// What `auto_run` learned about a round besides its result.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct RoundChecks<'a> {
@@ -128,9 +123,12 @@ pub(crate) fn decide(
             return stop(format!("token budget reached ({}/{max})", session.tokens));
         }
     }
-    if declared_done(result) && !has_goals {
-        return stop("queue exhausted, no replan condition met".into());
-    }
+    // The agent may have declared its work done (`terminate` with
+    // `success`: the source's emptied queue). The source's replan table
+    // (`_should_replan_exhausted_queue`, v0.3) replans an emptied queue in
+    // every case that reaches here — no policy, goals unmet, experiment
+    // budget left, only `maxTokens`/`strictHeuristics` set — bounded by the
+    // ceiling and the heuristics: only a met stop condition (above) ends it.
     Decision::Replan
 }
 
@@ -326,14 +324,21 @@ mod tests {
             ),
             stop("token budget reached (1000/1000)")
         );
-        // Declared done, no unmet goal: the queue is exhausted.
-        assert_eq!(
-            decide(&done, &s, None, 1, 20, None),
-            stop("queue exhausted, no replan condition met")
-        );
+        // Declared done (the queue emptied): the same rows replan — no
+        // policy, budget left without goals, only a token budget.
+        assert_eq!(decide(&done, &s, None, 1, 20, None), Decision::Replan);
         assert_eq!(
             decide(&done, &s, Some(&budget), 1, 20, None),
-            stop("queue exhausted, no replan condition met")
+            Decision::Replan
+        );
+        assert_eq!(
+            decide(&done, &session(vec![], 10), Some(&tokens), 1, 20, None),
+            Decision::Replan
+        );
+        // ... until a stop condition holds.
+        assert_eq!(
+            decide(&done, &s, None, 20, 20, None),
+            stop("max rounds reached (20)")
         );
     }
 

@@ -19,12 +19,14 @@
 //! | completed experiments ≥ `maxExperiments` | `max experiments reached (N/M)` |
 //! | session tokens ≥ `maxTokens` | `token budget reached (N/M)` |
 //! | the round's next inference would have exceeded what remained of `maxTokens` (it was not sent; N < M, the last run's `token_budget` stop has the detail) | `token budget reached (N/M)` |
-//! | the agent called `terminate` with `success` and no goal is unmet | `queue exhausted, no replan condition met` |
 //!
 //! Otherwise it **replans**: the next round starts with a continuation
-//! message naming the unmet goals. That covers every row of the source's
-//! replan table: no policy, unmet goals, experiment budget left, and only
+//! message naming the unmet goals — also after the agent called `terminate`
+//! with `success` (the source's emptied queue), as the source's replan
+//! table says: no policy, unmet goals, experiment budget left, and only
 //! tokens/heuristics set all replan; a met stop condition never gets here.
+//! (`queue exhausted, no replan condition met` is therefore never the
+//! stop reason.)
 //!
 //! `maxTokens` is checked before spending, too: every round runs with what
 //! remains of it as its own budget
