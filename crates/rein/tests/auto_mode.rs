@@ -709,3 +709,47 @@ async fn the_agents_stuck_setting_applies_across_rounds_and_zero_disables_it() {
         r.stop_reason
     );
 }
+
+/// A log writer appending to a shared buffer.
+#[derive(Clone, Default)]
+struct LogBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn each_stop_reason_also_goes_to_the_log() {
+    let log = LogBuffer::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let policy = AutomationPolicy::from_json(r#"{"maxExperiments": 1}"#).unwrap();
+    let r = auto_runtime(experimenter(vec![0.5], "Experiment done."))
+        .auto_run(
+            user("logged", "go"),
+            policy,
+            Arc::new(CollectingSink::new()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.stop_reason, "max experiments reached (1/1)");
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("auto-run stop condition: max experiments reached (1/1)"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("INFO") && line.contains("thread_id=\"logged\""),
+        "{line}"
+    );
+}

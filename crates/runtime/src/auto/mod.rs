@@ -177,6 +177,13 @@ impl Reporter<'_> {
     /// Ends the session: the stop's progress event, then the result. The
     /// last of `runs` is the round the stop follows.
     fn stop(&self, stop_reason: String, runs: Vec<AgentRunResult>, tokens: u64) -> AutoRunResult {
+        // The source logs each stop too; operators grep for this line.
+        tracing::info!(
+            thread_id = self.thread_id,
+            session = self.session_id,
+            tokens_used_session = tokens,
+            "auto-run stop condition: {stop_reason}"
+        );
         self.progress(
             runs.last(),
             format!("auto-run stop condition: {stop_reason}"),
