@@ -234,11 +234,45 @@ fn load(config: &Path, out: &mut dyn Write, app: &crate::App) -> Option<Deployme
     }
 }
 
+/// A provider's limits in a line: what one window allows.
+fn describe_limits(limits: &rein::limits::ProviderLimits) -> String {
+    let window = limits.window_duration();
+    let per = if window == std::time::Duration::from_secs(60) {
+        "per minute".to_owned()
+    } else {
+        format!("per {} ms window", window.as_millis())
+    };
+    let mut parts = Vec::new();
+    if let Some(n) = limits.requests_per_window() {
+        parts.push(format!("{n} requests {per}"));
+    }
+    if let Some(n) = limits.tokens_per_window() {
+        parts.push(format!("{n} tokens {per}"));
+    }
+    if let Some(n) = limits.max_concurrent {
+        parts.push(format!("{n} at once"));
+    }
+    format!("at most {}", parts.join(", "))
+}
+
 fn check(config: &Path, probe: bool, app: &crate::App) -> ExitCode {
     let mut stdout = std::io::stdout();
     let Some(deployment) = load(config, &mut stdout, app) else {
         return ExitCode::FAILURE;
     };
+    for (id, provider) in &deployment.providers {
+        if let Some(limits) = provider.limits().filter(|l| l.is_limited()) {
+            println!("provider \"{id}\": {}", describe_limits(limits));
+        }
+    }
+    for (id, model) in &deployment.models {
+        if !model.fallbacks.is_empty() {
+            println!(
+                "model \"{id}\": falls back to {}",
+                model.fallbacks.join(", then ")
+            );
+        }
+    }
     for agent in &deployment.agents {
         let rules = &agent.spec.approvals;
         if rules.is_empty() {

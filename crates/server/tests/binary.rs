@@ -800,6 +800,42 @@ fn run_asks_at_the_terminal_and_the_typed_answer_and_approval_decide() {
 }
 
 #[test]
+fn check_lists_provider_limits_and_model_fallbacks() {
+    let config = file(
+        "limits-check",
+        r#"providers:
+  hosted:
+    kind: scripted
+    responses: ["hi"]
+    limits: { requests_per_minute: 500, tokens_per_minute: 200000, max_concurrent: 16 }
+  local:
+    kind: scripted
+    responses: ["hi"]
+    limits: { requests_per_minute: 120, window_ms: 1000 }
+models:
+  main: { provider: hosted, model: big, fallbacks: [small] }
+  small: { provider: local, model: little }
+agents:
+  - { id: a, model_id: main }
+"#,
+    );
+    let out = rein()
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    for line in [
+        "provider \"hosted\": at most 500 requests per minute, 200000 tokens per minute, 16 at once",
+        "provider \"local\": at most 2 requests per 1000 ms window",
+        "model \"main\": falls back to small",
+    ] {
+        assert!(stdout.lines().any(|l| l == line), "{line:?} in:\n{stdout}");
+    }
+}
+
+#[test]
 fn check_lists_approval_rules_and_positions_one_that_matches_no_tool() {
     let out = rein()
         .args(["check", "--config"])
