@@ -165,11 +165,7 @@ impl LimitLedger for PgLimitLedger {
         .map_err(|e| failed(&e))
     }
 
-    async fn usage(
-        &self,
-        provider: &str,
-        _limits: &ProviderLimits,
-    ) -> Result<LedgerUsage, LedgerError> {
+    async fn usage(&self, provider: &str) -> Result<LedgerUsage, LedgerError> {
         let (requests, tokens, in_flight, waiting, paused_ms): (i64, i64, i64, i64, Option<i64>) =
             sqlx::query_as(
                 "SELECT

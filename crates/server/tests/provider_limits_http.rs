@@ -207,16 +207,6 @@ async fn three_processes_share_one_set_of_limits_use_them_fully_and_starve_no_ru
             tally.refused
         );
         assert_eq!(tally.accepted.len(), 50 * ROUNDS);
-        if std::env::var_os("REIN_LIMITS_TRACE").is_some() {
-            let first = tally.accepted.iter().map(|a| a.0).min().unwrap();
-            let mut buckets = std::collections::BTreeMap::<u128, (u32, u64)>::new();
-            for (at, tokens) in &tally.accepted {
-                let b = buckets.entry((*at - first).as_millis() / 100).or_default();
-                b.0 += 1;
-                b.1 += tokens;
-            }
-            eprintln!("per 100 ms (requests, tokens): {buckets:?}");
-        }
     }
     let utilization = fake.utilization();
     let mean = per_run.iter().sum::<u64>() as f64 / per_run.len() as f64;

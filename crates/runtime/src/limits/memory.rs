@@ -167,11 +167,7 @@ impl LimitLedger for InMemoryLedger {
         Ok(())
     }
 
-    async fn usage(
-        &self,
-        provider: &str,
-        _limits: &ProviderLimits,
-    ) -> Result<LedgerUsage, LedgerError> {
+    async fn usage(&self, provider: &str) -> Result<LedgerUsage, LedgerError> {
         Ok(self.with_book(provider, |book, now| {
             book.expire(now);
             LedgerUsage {

@@ -34,7 +34,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -170,18 +170,18 @@ impl ProviderLimits {
 pub struct Ask {
     /// The tokens to reserve (already clamped to one window's allowance).
     pub tokens: u64,
-    /// The waiter asking, when it had to queue: its number in this process
-    /// and when it began waiting. Older waiters (in any process) go first.
+    /// The waiter asking, when it had to queue (recorded with
+    /// [`LimitLedger::wait`]). Older waiters (in any process) go first.
     pub waiter: Option<Waiter>,
 }
 
-/// A queued inference, as a ledger shared between processes orders it.
+/// A queued inference. A ledger shared between processes records when it
+/// began waiting ([`LimitLedger::wait`], on its own clock) and orders
+/// waiters by that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Waiter {
     /// Unique within the process.
     pub id: u64,
-    /// When it began waiting.
-    pub since: SystemTime,
 }
 
 /// A ledger's answer to an [`Ask`].
@@ -257,11 +257,7 @@ pub trait LimitLedger: Send + Sync + fmt::Debug {
     async fn forget(&self, provider: &str, waiter: Waiter) -> Result<(), LedgerError>;
 
     /// What `provider`'s window holds now.
-    async fn usage(
-        &self,
-        provider: &str,
-        limits: &ProviderLimits,
-    ) -> Result<LedgerUsage, LedgerError>;
+    async fn usage(&self, provider: &str) -> Result<LedgerUsage, LedgerError>;
 }
 
 /// One provider's limits as `GET /v1/providers` shows them.
@@ -400,7 +396,6 @@ impl ProviderGate {
         }
         let waiter = Waiter {
             id: self.next.fetch_add(1, Ordering::Relaxed),
-            since: SystemTime::now(),
         };
         self.queue().push_back(waiter.id);
         let mut place = Place {
@@ -489,7 +484,7 @@ impl ProviderGate {
     ///
     /// Read-only; dropping it loses nothing.
     pub async fn status(&self) -> ProviderStatus {
-        let (usage, error) = match self.ledger.usage(&self.provider, &self.limits).await {
+        let (usage, error) = match self.ledger.usage(&self.provider).await {
             Ok(mut usage) => {
                 usage.waiting = usage.waiting.max(self.waiting());
                 (Some(usage), None)
