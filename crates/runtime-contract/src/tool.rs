@@ -95,7 +95,10 @@ impl ToolOutput {
     pub fn to_content(&self) -> String {
         match &self.value {
             serde_json::Value::String(s) => s.clone(),
-            other => other.to_string(),
+            // Written straight into a buffer: `Display` goes through a
+            // formatter adapter, several times slower on small values. A
+            // `Value` always serializes (its keys are strings).
+            other => serde_json::to_string(other).unwrap_or_else(|_| other.to_string()),
         }
     }
 }

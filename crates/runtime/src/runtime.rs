@@ -17,7 +17,6 @@ use rein_runtime_contract::lifecycle::{StopReport, TerminationReason};
 use rein_runtime_contract::message::{Message, TokenUsage};
 use rein_runtime_contract::spec::AgentSpec;
 use rein_runtime_contract::tool::ToolDescriptor;
-use tracing::Instrument;
 
 use crate::active_runs::{ActiveRunRegistry, CURRENT_RUN, RunControl};
 use crate::agent::Agent;
@@ -415,36 +414,33 @@ impl Inner {
         let task_run_id = run_id.clone();
         let task_control = control.clone();
         let observers = self.observers.clone();
-        let task = tokio::spawn(
-            async move {
-                // The slot lives exactly as long as this task's future.
-                let _slot = slot;
-                let outcome =
-                    AssertUnwindSafe(CURRENT_RUN.scope(task_run_id.clone(), execute(setup)))
-                        .catch_unwind()
-                        .await;
-                let result = match outcome {
-                    Ok(result) => result,
-                    Err(payload) => {
-                        internal_failure(&task_control, &thread_id, &*sink, payload.as_ref())
-                    }
-                };
-                // A run that let go while parked has not ended.
-                if task_control.has_let_go() {
-                    return result;
+        let task = async move {
+            // The slot lives exactly as long as this task's future.
+            let _slot = slot;
+            let outcome = AssertUnwindSafe(CURRENT_RUN.scope(task_run_id.clone(), execute(setup)))
+                .catch_unwind()
+                .await;
+            let result = match outcome {
+                Ok(result) => result,
+                Err(payload) => {
+                    internal_failure(&task_control, &thread_id, &*sink, payload.as_ref())
                 }
-                // The task runs in the run's span (no second handle kept).
-                telemetry::record_run_end(&tracing::Span::current(), &result.termination);
-                // Before the slot is released, so the thread's next run
-                // starts after the observers saw this one end.
-                let seen = AssertUnwindSafe(|| observers.run_finished(&result));
-                if std::panic::catch_unwind(seen).is_err() {
-                    tracing::error!("a run observer panicked; the run's result stands");
-                }
-                result
+            };
+            // A run that let go while parked has not ended.
+            if task_control.has_let_go() {
+                return result;
             }
-            .instrument(span),
-        );
+            // The task runs in the run's span (no second handle kept).
+            telemetry::record_run_end(&tracing::Span::current(), &result.termination);
+            // Before the slot is released, so the thread's next run
+            // starts after the observers saw this one end.
+            let seen = AssertUnwindSafe(|| observers.run_finished(&result));
+            if std::panic::catch_unwind(seen).is_err() {
+                tracing::error!("a run observer panicked; the run's result stands");
+            }
+            result
+        };
+        let task = tokio::spawn(telemetry::in_span(task, span));
         Ok(RunHandle::new(control, task))
     }
 }

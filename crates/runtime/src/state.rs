@@ -131,6 +131,12 @@ impl RunState {
             })
     }
 
+    /// `K`'s value when the run has it, with no error built when it has
+    /// not (the loop asks every round for keys most runs lack).
+    pub(crate) fn slot_mut<K: StateKey>(&mut self) -> Option<&mut K::Value> {
+        self.slots.get_mut(K::KEY)?.downcast_mut()
+    }
+
     pub(crate) fn get_mut<K: StateKey>(&mut self) -> Result<&mut K::Value, StateError> {
         self.slots
             .get_mut(K::KEY)

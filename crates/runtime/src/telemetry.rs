@@ -21,11 +21,13 @@
 //! With no subscriber listening, a span is a disabled handle: no name is
 //! formatted and nothing is recorded.
 
+use futures::future::Either;
 use rein_runtime_contract::inference::{InferenceError, InferenceRequest, InferenceResponse};
 use rein_runtime_contract::lifecycle::TerminationReason;
 use rein_runtime_contract::spec::ModelSpec;
 use tracing::Span;
 use tracing::field::Empty;
+use tracing::instrument::{Instrument, Instrumented};
 
 /// The target of every GenAI span, for filtering (`rein::genai=info`).
 pub const TARGET: &str = "rein::genai";
@@ -136,6 +138,18 @@ pub(crate) fn record_chat_error(span: &Span, error: &InferenceError) {
         return;
     }
     mark_error(span, error.kind().code());
+}
+
+/// `future` run inside `span`, or bare when no subscriber listens to the
+/// span. An instrumented future enters and leaves its span on every poll,
+/// which costs even for a disabled span (with `tracing`'s `log` feature,
+/// which a dependency turns on, each entry asks the `log` crate too).
+pub(crate) fn in_span<F: Future>(future: F, span: Span) -> Either<F, Instrumented<F>> {
+    if span.is_disabled() {
+        Either::Left(future)
+    } else {
+        Either::Right(future.instrument(span))
+    }
 }
 
 /// The `execute_tool` span of one call.

@@ -133,6 +133,11 @@ impl ThreadStore for InMemoryThreadStore {
         if messages.is_empty() {
             return Ok(());
         }
+        // A thread being appended to usually exists: no key copied then.
+        if let Some(mut history) = self.threads.get_mut(thread_id) {
+            history.extend_from_slice(messages);
+            return Ok(());
+        }
         self.threads
             .entry(thread_id.to_owned())
             .or_default()

@@ -170,7 +170,7 @@ impl Run {
             Some(usage) => {
                 // The run paid for it: the token totals policies read count it.
                 self.usage.add(usage);
-                if let Ok(stats) = self.state.get_mut::<StopStatsKey>() {
+                if let Some(stats) = self.state.slot_mut::<StopStatsKey>() {
                     add_usage(stats, usage);
                 }
             }

@@ -81,7 +81,7 @@ impl Run {
                 _ => None,
             })
             .fold(FALLBACK_AFTER, u32::min);
-        let Ok(stats) = self.state.get_mut::<StopStatsKey>() else {
+        let Some(stats) = self.state.slot_mut::<StopStatsKey>() else {
             return false;
         };
         if stats.consecutive_errors < allowed {

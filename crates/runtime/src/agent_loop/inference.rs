@@ -16,7 +16,6 @@ use rein_runtime_contract::inference::{
 use rein_runtime_contract::lifecycle::{StoppedReason, TerminationReason};
 use rein_runtime_contract::message::{CacheUsage, Message};
 use rein_runtime_contract::phase::Phase;
-use tracing::Instrument;
 
 use super::judge::{Act, Judge};
 use super::{Focus, Run, emit_guarded, interrupted};
@@ -232,17 +231,15 @@ impl Run {
                 }
                 Ok::<(), InferenceError>(())
             })
-            .catch_unwind()
-            .instrument(span);
-            // Pinned here so its span can be read back afterwards: the
-            // waiting future holds the span once, not twice.
-            let mut work = std::pin::pin!(work);
+            .catch_unwind();
+            // A disabled span is cloned for free; an enabled one is shared.
+            let work = telemetry::in_span(work, span.clone());
             let outcome = tokio::select! {
                 biased;
                 _ = interrupted(&self.control) => None,
-                outcome = &mut work => Some(outcome),
+                outcome = work => Some(outcome),
             };
-            (outcome, work.span().clone())
+            (outcome, span)
         };
         let content = self.trace_content;
         match &outcome {
@@ -285,7 +282,7 @@ impl Run {
         self.settle_pool(Some(0));
         self.settle_limits(Some(0), Some(&error)).await;
         let at = self.started.elapsed();
-        if let Ok(stats) = self.state.get_mut::<StopStatsKey>() {
+        if let Some(stats) = self.state.slot_mut::<StopStatsKey>() {
             let mut acting = Acting {
                 directives: &mut self.directives,
                 id: &self.id,
@@ -388,7 +385,7 @@ impl Run {
         }
         self.overflow_retried = false;
         let at = self.started.elapsed();
-        if let Ok(stats) = self.state.get_mut::<StopStatsKey>() {
+        if let Some(stats) = self.state.slot_mut::<StopStatsKey>() {
             self.judge.answered(stats, &response, at);
         }
         // A per-request tool choice applies until the first successful inference.

@@ -543,7 +543,7 @@ impl Run {
             // Time-based policies checked before the inference (a hook
             // there, e.g. a plugin's timeout) see the time now.
             if !self.agent.hooks[Phase::BeforeInference.index()].is_empty()
-                && let Ok(stats) = self.state.get_mut::<StopStatsKey>()
+                && let Some(stats) = self.state.slot_mut::<StopStatsKey>()
             {
                 stats.elapsed_ms =
                     u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);

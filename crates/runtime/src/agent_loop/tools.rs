@@ -17,7 +17,6 @@ use rein_runtime_contract::message::{ToolCall, ToolResult};
 use rein_runtime_contract::phase::Phase;
 use rein_runtime_contract::tool::{Tool, ToolContext};
 use tokio::task::{AbortHandle, JoinHandle};
-use tracing::Instrument;
 
 use super::judge::Screened;
 use super::{Focus, Run, interrupted};
@@ -62,13 +61,15 @@ impl Run {
         let span = telemetry::tool_span(&name, &call_id, &args, trace_content);
         let span_in = span.clone();
         let subagent = self.agent.subagents.get(&call.name).cloned();
-        async move {
+        let call = async move {
             // A sub-agent call is not dropped on cancel: its child's token
             // is a child of the call's, so the child ends at once, and the
             // call ends after it (a run releases its thread after its
             // children released theirs).
             if let Some(subagent) = subagent {
-                let ended = subagent.call(&args, &ctx).await;
+                // Boxed: a child run's state is large, and only sub-agent
+                // calls should carry it.
+                let ended = Box::pin(subagent.call(&args, &ctx)).await;
                 let error_type = ended.is_error.then_some("subagent");
                 telemetry::record_tool_outcome(&span_in, error_type, &ended.content, trace_content);
                 let result = ToolResult {
@@ -95,7 +96,12 @@ impl Run {
                         status.explanation()
                     )
                 };
-                telemetry::record_tool_outcome(&span_in, Some("cancelled"), &content, trace_content);
+                telemetry::record_tool_outcome(
+                    &span_in,
+                    Some("cancelled"),
+                    &content,
+                    trace_content,
+                );
                 let result = ToolResult {
                     call_id,
                     name,
@@ -132,8 +138,8 @@ impl Run {
                 is_error,
             };
             (result, status)
-        }
-        .instrument(span)
+        };
+        telemetry::in_span(call, span)
     }
 
     fn unknown_tool(&self, call: &ToolCall) -> ToolResult {
@@ -285,26 +291,15 @@ impl Run {
             // A single call runs on the run's own task: no spawn, no
             // cross-task wake-up. Dropping it on cancellation is what an
             // abort would do to a spawned task.
+            //
+            // The call's own token is a child of the run's, so the call's
+            // future ends on the run's cancel by itself, with the result a
+            // cut call gets (no second wait on the run's token).
             let i = *i;
-            let call = self.tool_future(tool.clone(), &calls[i]);
-            if self.agent.subagents.contains_key(&calls[i].name) {
-                let (result, status) = call.await;
-                self.record_stopped(&result, status);
-                results[i] = Some(result);
-                cut = self.control.token.is_cancelled();
-            } else {
-                tokio::select! {
-                    biased;
-                    _ = interrupted(&self.control) => {
-                        cut = true;
-                        stopped.push(i);
-                    }
-                    (result, status) = call => {
-                        self.record_stopped(&result, status);
-                        results[i] = Some(result);
-                    }
-                }
-            }
+            let (result, status) = self.tool_future(tool.clone(), &calls[i]).await;
+            self.record_stopped(&result, status);
+            results[i] = Some(result);
+            cut = self.control.token.is_cancelled();
             ready.clear();
         }
 
