@@ -34,6 +34,9 @@ pub const TARGET: &str = "rein::genai";
 
 /// The `invoke_agent` span of one run.
 pub(crate) fn run_span(agent_id: &str, thread_id: &str, run_id: &str) -> Span {
+    if !listening() {
+        return Span::none();
+    }
     let span = tracing::info_span!(
         target: TARGET,
         "invoke_agent",
@@ -72,6 +75,9 @@ pub(crate) fn record_run_end(span: &Span, termination: &TerminationReason) {
 
 /// The `chat` span of one inference attempt.
 pub(crate) fn chat_span(model: &ModelSpec, request: &InferenceRequest, content: bool) -> Span {
+    if !listening() {
+        return Span::none();
+    }
     let span = tracing::info_span!(
         target: TARGET,
         "chat",
@@ -140,6 +146,14 @@ pub(crate) fn record_chat_error(span: &Span, error: &InferenceError) {
     mark_error(span, error.kind().code());
 }
 
+/// Whether any `tracing` subscriber was ever installed. Without one no span
+/// can be enabled, and a span is not built at all: with `tracing`'s `log`
+/// feature (which a dependency turns on) a disabled span still offers its
+/// creation and its drop to the `log` crate.
+fn listening() -> bool {
+    tracing::dispatcher::has_been_set()
+}
+
 /// `future` run inside `span`, or bare when no subscriber listens to the
 /// span. An instrumented future enters and leaves its span on every poll,
 /// which costs even for a disabled span (with `tracing`'s `log` feature,
@@ -159,6 +173,9 @@ pub(crate) fn tool_span(
     arguments: &serde_json::Value,
     content: bool,
 ) -> Span {
+    if !listening() {
+        return Span::none();
+    }
     let span = tracing::info_span!(
         target: TARGET,
         "execute_tool",

@@ -13,9 +13,9 @@ use rein_runtime_contract::event::AgentEvent;
 use rein_runtime_contract::lifecycle::StoppedReason;
 use rein_runtime_contract::lifecycle::TerminationReason;
 use rein_runtime_contract::message::{ToolCall, ToolResult};
-use rein_runtime_contract::tool::Tool;
 use tokio::time::Instant;
 
+use super::tools::{Ready, Results};
 use super::{DeadlineWatchdog, Run};
 use crate::approvals::{Held, Parked, ParkedRun, rejected_text};
 
@@ -382,8 +382,8 @@ impl Run {
         held: Vec<(usize, Held)>,
     ) -> Result<(), TerminationReason> {
         let mut calls = calls.to_vec();
-        let mut results: Vec<Option<ToolResult>> = vec![None; calls.len()];
-        let mut ready: Vec<(usize, Arc<dyn Tool>)> = Vec::new();
+        let mut results: Results = smallvec::smallvec![None; calls.len()];
+        let mut ready = Ready::new();
         let mut edited: Vec<usize> = Vec::new();
         for ((i, _), h) in held.iter().zip(&decided) {
             let (i, call_id) = (*i, &h.pending.call_id);

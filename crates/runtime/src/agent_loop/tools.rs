@@ -16,6 +16,7 @@ use rein_runtime_contract::lifecycle::{IncompleteToolCall, TerminationReason, To
 use rein_runtime_contract::message::{ToolCall, ToolResult};
 use rein_runtime_contract::phase::Phase;
 use rein_runtime_contract::tool::{Tool, ToolContext};
+use smallvec::SmallVec;
 use tokio::task::{AbortHandle, JoinHandle};
 
 use super::judge::Screened;
@@ -169,8 +170,8 @@ impl Run {
     /// **Invariant:** every spawned tool future has completed or been
     /// dropped (aborted and awaited) before this returns.
     pub(super) async fn run_tools(&mut self, calls: &[ToolCall]) -> Result<(), TerminationReason> {
-        let mut results: Vec<Option<ToolResult>> = vec![None; calls.len()];
-        let mut ready: Vec<(usize, Arc<dyn Tool>)> = Vec::with_capacity(calls.len());
+        let mut results: Results = smallvec::smallvec![None; calls.len()];
+        let mut ready = Ready::with_capacity(calls.len());
         let mut held: Vec<(usize, Held)> = Vec::new();
         let mut ending: Option<TerminationReason> = None;
         for (i, call) in calls.iter().enumerate() {
@@ -270,7 +271,7 @@ impl Run {
     pub(super) async fn execute_calls(
         &mut self,
         calls: &[ToolCall],
-        mut ready: Vec<(usize, Arc<dyn Tool>)>,
+        mut ready: Ready,
         results: &mut [Option<ToolResult>],
         mut cut: bool,
     ) -> bool {
@@ -303,21 +304,57 @@ impl Run {
             ready.clear();
         }
 
+        if !ready.is_empty() && !cut {
+            // Boxed: several calls in one answer are the rarer case, and
+            // their state stays out of every round's.
+            cut = Box::pin(self.spawn_calls(calls, ready, results, &mut stopped)).await;
+        }
+        self.control.calls_ended();
+        if let Some(family) = self.control.family.get() {
+            // The children's usage is the run's too.
+            for (child, usage) in family.round_ended() {
+                self.usage.add(usage);
+                self.children.push(child);
+            }
+        }
+        for i in stopped {
+            results[i] = Some(self.cut_result(&calls[i]));
+        }
+        // The round's incomplete calls, in call order (they were recorded
+        // as they ended).
+        if self.incomplete.len() > first_incomplete {
+            let at = |id: &str| calls.iter().position(|c| c.id == id);
+            self.incomplete[first_incomplete..].sort_by_key(|c| at(&c.call_id));
+        }
+        cut
+    }
+
+    /// Runs `ready` (more than one call, nothing cut yet) as spawned tasks
+    /// and waits for all, putting their results in `results` and the calls
+    /// whose tasks were aborted in `stopped`. Returns whether the run was
+    /// cancelled meanwhile.
+    ///
+    /// **Invariant:** every spawned task has completed or been aborted and
+    /// awaited before this returns.
+    async fn spawn_calls(
+        &mut self,
+        calls: &[ToolCall],
+        ready: Ready,
+        results: &mut [Option<ToolResult>],
+        stopped: &mut Vec<usize>,
+    ) -> bool {
         // Spawn the calls; wait for all; on cancellation (or a failed hook)
         // abort the rest and keep draining, so that each future has
         // completed or been dropped before the results are recorded.
-        let pending: Vec<(usize, JoinHandle<CallOutcome>)> = if cut {
-            Vec::new()
-        } else {
-            let run_id = self.control.run_id.clone();
-            ready
-                .into_iter()
-                .map(|(i, tool)| {
-                    let call = self.tool_future(tool, &calls[i]);
-                    (i, tokio::spawn(CURRENT_RUN.scope(run_id.clone(), call)))
-                })
-                .collect()
-        };
+        let run_id = self.control.run_id.clone();
+        let pending: Vec<(usize, JoinHandle<CallOutcome>)> = ready
+            .into_iter()
+            .map(|(i, tool)| {
+                let call = self.tool_future(tool, &calls[i]);
+                (i, tokio::spawn(CURRENT_RUN.scope(run_id.clone(), call)))
+            })
+            .collect();
+        let mut cut = false;
         // Sub-agent calls are not aborted: they end once their child did.
         let aborts: Vec<_> = pending
             .iter()
@@ -345,23 +382,6 @@ impl Run {
                 },
             }
         }
-        self.control.calls_ended();
-        if let Some(family) = self.control.family.get() {
-            // The children's usage is the run's too.
-            for (child, usage) in family.round_ended() {
-                self.usage.add(usage);
-                self.children.push(child);
-            }
-        }
-        for i in stopped {
-            results[i] = Some(self.cut_result(&calls[i]));
-        }
-        // The round's incomplete calls, in call order (they were recorded
-        // as they ended).
-        if self.incomplete.len() > first_incomplete {
-            let at = |id: &str| calls.iter().position(|c| c.id == id);
-            self.incomplete[first_incomplete..].sort_by_key(|c| at(&c.call_id));
-        }
         cut
     }
 
@@ -372,7 +392,7 @@ impl Run {
     pub(super) async fn record_results(
         &mut self,
         calls: &[ToolCall],
-        results: Vec<Option<ToolResult>>,
+        results: Results,
         first_incomplete: usize,
         run_after_hooks: bool,
         ending: &mut Option<TerminationReason>,
@@ -411,6 +431,13 @@ impl Run {
         }
     }
 }
+
+/// The calls of a round that are to run, by position. One inline: most
+/// answers make one call, and a round allocates nothing for it.
+pub(super) type Ready = SmallVec<[(usize, Arc<dyn Tool>); 1]>;
+
+/// A round's results by call position (`None` until the call has one).
+pub(super) type Results = SmallVec<[Option<ToolResult>; 1]>;
 
 /// A call's result, and its status when its token stopped it or its tool
 /// failed with an uncertain outcome.
