@@ -15,6 +15,7 @@ use rein_runtime_contract::message::{CacheUsage, Message};
 use super::{MAX_SUMMARY_PASSES, Run, interrupted};
 use crate::context::{Change, ContextWindow};
 use crate::policies::{StopStatsKey, add_usage};
+use crate::subagents::budget::Pool;
 
 impl Run {
     /// Brings the model's view up to date before an inference: offloads
@@ -25,6 +26,23 @@ impl Run {
         let reason = self.prepare(&mut context).await;
         self.context = Some(context);
         reason
+    }
+
+    /// [`prepare_context`](Self::prepare_context) for a window without a
+    /// policy (a token budget alone), where nothing awaits: counts the new
+    /// messages and checks the budget. `None` when the window has a view
+    /// and needs the whole `prepare_context`.
+    pub(super) fn prepare_counts(&mut self) -> Option<Option<TerminationReason>> {
+        let context = self.context.as_mut()?;
+        if !context.count_new(&self.request.messages) {
+            return None;
+        }
+        Some(budget_verdict(
+            context,
+            self.usage.total(),
+            self.pool.as_deref(),
+            &mut self.reserved,
+        ))
     }
 
     async fn prepare(&mut self, context: &mut ContextWindow) -> Option<TerminationReason> {
@@ -50,46 +68,19 @@ impl Run {
             }
         }
         let budget = context.budget?;
-        let used = self.usage.total();
-        let remaining = budget.saturating_sub(used);
-        let reserve = context.setup.reserve;
-        if context.estimate() + reserve > remaining
+        let remaining = budget.saturating_sub(self.usage.total());
+        if context.estimate() + context.setup.reserve > remaining
             && let Some(keep) = context.compact_keep()
             && let Some(change) = context.compact(keep.min(1)).await
         {
             self.compacted(change, "budget");
         }
-        let prompt = context.estimate();
-        let need = prompt + reserve;
-        if need <= remaining
-            && let Some(pool) = &self.pool
-        {
-            // The tree's budget: reserved in every ancestor's pool, so
-            // siblings running at once cannot pass it together.
-            match pool.reserve(need) {
-                Ok(()) => self.reserved = need,
-                Err(refused) => {
-                    return Some(TerminationReason::stopped(
-                        "token_budget",
-                        format!(
-                            "the next inference was not sent: it would need about {need} tokens (a prompt of about {prompt} estimated + {reserve} reserved for the answer) but run \"{}\" has {} of its {}-token budget left for its whole tree",
-                            refused.run_id,
-                            refused.limit.saturating_sub(refused.used),
-                            refused.limit
-                        ),
-                    ));
-                }
-            }
-        }
-        (need > remaining).then(|| {
-            TerminationReason::stopped(
-                "token_budget",
-                format!(
-                    "the next inference was not sent: it would need about {need} tokens (a prompt of about {prompt} estimated + {reserve} reserved for the answer) but {remaining} of the {budget}-token budget remain ({used} used), so it would exceed the budget by about {}",
-                    need - remaining
-                ),
-            )
-        })
+        budget_verdict(
+            context,
+            self.usage.total(),
+            self.pool.as_deref(),
+            &mut self.reserved,
+        )
     }
 
     fn compacted(&self, change: Change, trigger: &str) {
@@ -249,4 +240,49 @@ impl Run {
             ),
         ))
     }
+}
+
+/// Whether the token budget can pay for the next inference (the window's
+/// estimate plus the reserve for the answer), reserving it in the tree's
+/// pool when there is one (`reserved` gets the amount); the stop when not.
+fn budget_verdict(
+    context: &ContextWindow,
+    used: u64,
+    pool: Option<&Pool>,
+    reserved: &mut u64,
+) -> Option<TerminationReason> {
+    let budget = context.budget?;
+    let remaining = budget.saturating_sub(used);
+    let reserve = context.setup.reserve;
+    let prompt = context.estimate();
+    let need = prompt + reserve;
+    if need <= remaining
+        && let Some(pool) = pool
+    {
+        // The tree's budget: reserved in every ancestor's pool, so
+        // siblings running at once cannot pass it together.
+        match pool.reserve(need) {
+            Ok(()) => *reserved = need,
+            Err(refused) => {
+                return Some(TerminationReason::stopped(
+                    "token_budget",
+                    format!(
+                        "the next inference was not sent: it would need about {need} tokens (a prompt of about {prompt} estimated + {reserve} reserved for the answer) but run \"{}\" has {} of its {}-token budget left for its whole tree",
+                        refused.run_id,
+                        refused.limit.saturating_sub(refused.used),
+                        refused.limit
+                    ),
+                ));
+            }
+        }
+    }
+    (need > remaining).then(|| {
+        TerminationReason::stopped(
+            "token_budget",
+            format!(
+                "the next inference was not sent: it would need about {need} tokens (a prompt of about {prompt} estimated + {reserve} reserved for the answer) but {remaining} of the {budget}-token budget remain ({used} used), so it would exceed the budget by about {}",
+                need - remaining
+            ),
+        )
+    })
 }

@@ -557,10 +557,18 @@ impl Run {
                 return reason;
             }
             self.add_nudges();
-            if self.context.is_some()
-                && let Some(reason) = Box::pin(self.prepare_context()).await
-            {
-                return reason;
+            // A window without a policy (a token budget alone) is brought
+            // up to date in place; one with a view may compact or summarize,
+            // whose state is boxed out of the run's.
+            match self.prepare_counts() {
+                Some(Some(reason)) => return reason,
+                Some(None) => {}
+                None if self.context.is_some() => {
+                    if let Some(reason) = Box::pin(self.prepare_context()).await {
+                        return reason;
+                    }
+                }
+                None => {}
             }
             match self.infer().await {
                 Inference::Interrupted(partial) => {

@@ -256,6 +256,26 @@ impl ContextWindow {
         views.insert(self.thread_id, saved);
     }
 
+    /// Brings the counts up to `history` when the window has no view (no
+    /// policy: only a token budget reads its estimate), where nothing is
+    /// offloaded or compacted and so nothing awaits. `false`, with nothing
+    /// done, when it has a view: [`sync`](Self::sync) it instead.
+    pub(crate) fn count_new(&mut self, history: &[Message]) -> bool {
+        if self.view.is_some() || self.saved.is_some() || self.setup.policy.is_some() {
+            return false;
+        }
+        if self.synced > history.len() {
+            // The history was replaced under the run: count it again.
+            self.synced = 0;
+            self.chars = 0;
+        }
+        let calibration = &self.setup.calibration;
+        let new = &history[self.synced..];
+        self.chars += new.iter().map(|m| calibration.message_size(m)).sum::<u64>();
+        self.synced = history.len();
+        true
+    }
+
     /// Brings the view up to `history` (appended to since the last call):
     /// new messages join it, large tool results as references.
     pub(crate) async fn sync(&mut self, request: &InferenceRequest) {

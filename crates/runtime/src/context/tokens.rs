@@ -128,7 +128,11 @@ impl Calibration {
         match value {
             serde_json::Value::String(s) => self.size(s) + 2,
             serde_json::Value::Null => 4,
-            other => self.size(&other.to_string()),
+            other => match &self.counter {
+                Some(counter) => counter.count(&other.to_string()),
+                // Bytes are counted as they are written: no text is built.
+                None => json_len(other),
+            },
         }
     }
 
@@ -217,9 +221,41 @@ impl TokenCounter for TiktokenCounter {
     }
 }
 
+/// The length in bytes of `value` as compact JSON, counted without building
+/// the text.
+fn json_len(value: &serde_json::Value) -> u64 {
+    struct Counter(u64);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len() as u64;
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // Writing a `Value` into a counter cannot fail.
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_json_value_is_counted_as_long_as_its_compact_text() {
+        let values = [
+            serde_json::json!({"i": 3, "path": "a/b", "list": [1, 2.5, null, true]}),
+            serde_json::json!([]),
+            serde_json::json!({"quote": "say \"hi\"\n", "é": "ü"}),
+            serde_json::json!(-17),
+        ];
+        for value in values {
+            assert_eq!(json_len(&value), value.to_string().len() as u64, "{value}");
+        }
+    }
 
     #[test]
     fn calibration_moves_toward_what_the_provider_reports() {
