@@ -71,6 +71,10 @@ use super::{Escalation, Verdict, snippet};
 /// version used 1.5).
 pub const MEAN_GAP_FACTOR: usize = 5;
 
+/// The ring's first allocation, in slots; it doubles up to its size as
+/// text streams.
+const INITIAL_RING: usize = 64;
+
 /// The nudge added on the first detection with `nudge_then_stop`.
 pub const CHANTING_NUDGE: &str = "You appear to be repeating the same text over and over; change approach and continue without repeating yourself.";
 
@@ -192,16 +196,18 @@ impl Chunks {
             .saturating_add(1)
             .checked_next_power_of_two()
             .unwrap_or(1 << (usize::BITS - 1));
-        // A generation holds at most `span` starts; sized so a long stream
-        // never rehashes (capped, for absurd settings).
-        let capacity = span.saturating_add(1).min(1 << 16);
+        // The maps and the ring grow with what is streamed (a generation
+        // holds at most `span` starts): most answers are short, and sizing
+        // them for the longest stream cost every run ~200 KB allocated and
+        // freed. A long stream pays a few early rehashes, then none
+        // (generations keep their capacity).
         Self {
             chunk,
             threshold,
             span,
             text: Prefixes::new(chunk, ring),
-            heads: Heads::with_capacity_and_hasher(capacity, BuildHasherDefault::default()),
-            older: Heads::with_capacity_and_hasher(capacity, BuildHasherDefault::default()),
+            heads: Heads::default(),
+            older: Heads::default(),
             generation_end: span.max(1),
             floor: 0,
             periods: Vec::new(),
@@ -345,7 +351,7 @@ impl Prefixes {
             gap: 0,
             count: 0,
         };
-        let mut slots = Vec::with_capacity(ring.min(1 << 12));
+        let mut slots = Vec::with_capacity(ring.min(INITIAL_RING));
         slots.push(empty);
         Self {
             ring: slots,
