@@ -17,7 +17,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
@@ -158,36 +158,22 @@ impl RunControl {
     /// A run waiting on itself returns `false` at once instead of deadlocking.
     ///
     /// A waiter that is not a runtime task (`block_on` on the thread that
-    /// owns the runtime, as `#[tokio::main]` or a test awaits) would park its
-    /// thread until the run's worker wakes it, and that wake-up alone cost
-    /// ~20–30 µs (median) on a 2-core VM: so it first polls the latch for up
-    /// to [`OFF_TASK_SPIN`], yielding to the OS and to the runtime between
-    /// polls, and parks only if the run takes longer. A task never spins: it
-    /// would hold a worker the run may need.
+    /// owns the runtime) parks its thread at once. Polling the latch first
+    /// (for 50 µs, yielding in between) was tried and measured against
+    /// parking, alternating processes (docs/performance.md, W3): it halved
+    /// the median only when the cancel came microseconds after the run
+    /// started, with the workers still awake, and made every percentile
+    /// worse when the workers had parked (p99 339 against 232 µs) — the
+    /// shape a real caller has. A task never spins either.
     pub(crate) async fn wait_released(&self, bound: Duration) -> bool {
         if self.is_current() {
             return self.released.is_cancelled();
         }
-        let start = Instant::now();
-        if tokio::task::try_id().is_none() {
-            while !self.released.is_cancelled() {
-                if start.elapsed() >= OFF_TASK_SPIN.min(bound) {
-                    break;
-                }
-                std::thread::yield_now();
-                tokio::task::yield_now().await;
-            }
-        }
-        let left = bound.saturating_sub(start.elapsed());
-        tokio::time::timeout(left, self.released.cancelled())
+        tokio::time::timeout(bound, self.released.cancelled())
             .await
             .is_ok()
     }
 }
-
-/// How long [`RunControl::wait_released`] polls before parking a thread
-/// that is not a runtime task: about one wake-up of a parked thread.
-const OFF_TASK_SPIN: Duration = Duration::from_micros(50);
 
 /// The runs that currently hold a thread, by thread and by run id.
 #[derive(Debug, Default)]
@@ -285,7 +271,7 @@ mod tests {
     }
 
     #[test]
-    fn a_waiter_outside_any_task_sees_a_release_before_and_after_its_spin() {
+    fn a_waiter_outside_any_task_sees_a_release_made_at_once_or_later() {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -305,7 +291,7 @@ mod tests {
         let c = control("r", "t");
         let _guard = reg.acquire(c.clone()).unwrap();
         assert!(!rt.block_on(c.wait_released(Duration::from_millis(10))));
-        // In a current-thread runtime the spin yields to the run's task.
+        // In a current-thread runtime the wait lets the run's task run.
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
