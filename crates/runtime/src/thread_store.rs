@@ -102,60 +102,9 @@ pub trait ThreadStore: Send + Sync {
 }
 
 /// A [`ThreadStore`] in process memory; histories are lost when it is dropped.
-///
-/// A thread's messages are kept as compact JSON, one after the other in one
-/// buffer, not as `Message`s: a tool call's `{"i": 3}` arguments take 7
-/// bytes instead of the ~400 of a `serde_json` map, and appending a round
-/// allocates nothing once the buffer has grown (copying the messages took
-/// several allocations each). [`load`](ThreadStore::load) parses them back.
 #[derive(Debug, Default, Clone)]
 pub struct InMemoryThreadStore {
-    threads: Arc<DashMap<String, StoredThread>>,
-}
-
-/// One thread's messages: their compact JSON back to back, and where each
-/// ends.
-#[derive(Debug, Default)]
-struct StoredThread {
-    bytes: Vec<u8>,
-    ends: Vec<usize>,
-}
-
-impl StoredThread {
-    /// Appends `messages`; on a failure nothing of them is kept.
-    fn append(&mut self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError> {
-        let (bytes, ends) = (self.bytes.len(), self.ends.len());
-        for message in messages {
-            if let Err(e) = serde_json::to_writer(&mut self.bytes, message) {
-                self.bytes.truncate(bytes);
-                self.ends.truncate(ends);
-                return Err(ThreadStoreError::new(
-                    thread_id,
-                    format!("cannot store a message: {e}"),
-                ));
-            }
-            self.ends.push(self.bytes.len());
-        }
-        Ok(())
-    }
-
-    fn messages(&self, thread_id: &str) -> Result<Vec<Message>, ThreadStoreError> {
-        let mut start = 0;
-        self.ends
-            .iter()
-            .enumerate()
-            .map(|(i, &end)| {
-                let bytes = &self.bytes[start..end];
-                start = end;
-                serde_json::from_slice(bytes).map_err(|e| {
-                    ThreadStoreError::new(
-                        thread_id,
-                        format!("message {i} cannot be read back: {e}"),
-                    )
-                })
-            })
-            .collect()
-    }
+    threads: Arc<DashMap<String, Vec<Message>>>,
 }
 
 impl InMemoryThreadStore {
@@ -173,10 +122,11 @@ impl InMemoryThreadStore {
 #[async_trait::async_trait]
 impl ThreadStore for InMemoryThreadStore {
     async fn load(&self, thread_id: &str) -> Result<Vec<Message>, ThreadStoreError> {
-        match self.threads.get(thread_id) {
-            Some(thread) => thread.messages(thread_id),
-            None => Ok(Vec::new()),
-        }
+        Ok(self
+            .threads
+            .get(thread_id)
+            .map(|h| h.value().clone())
+            .unwrap_or_default())
     }
 
     async fn append(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError> {
@@ -184,19 +134,19 @@ impl ThreadStore for InMemoryThreadStore {
             return Ok(());
         }
         // A thread being appended to usually exists: no key copied then.
-        if let Some(mut thread) = self.threads.get_mut(thread_id) {
-            return thread.append(thread_id, messages);
+        if let Some(mut history) = self.threads.get_mut(thread_id) {
+            history.extend_from_slice(messages);
+            return Ok(());
         }
         self.threads
             .entry(thread_id.to_owned())
             .or_default()
-            .append(thread_id, messages)
+            .extend_from_slice(messages);
+        Ok(())
     }
 
     async fn replace(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError> {
-        let mut thread = StoredThread::default();
-        thread.append(thread_id, messages)?;
-        self.threads.insert(thread_id.to_owned(), thread);
+        self.threads.insert(thread_id.to_owned(), messages.to_vec());
         Ok(())
     }
 
