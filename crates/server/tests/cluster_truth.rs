@@ -686,8 +686,17 @@ async fn a_decision_taken_on_another_process_resumes_the_run_where_it_is_parked(
     let run = a.submit(&t, "ops", "finish", "interrupt").await;
     let run_id = run["run_id"].as_str().unwrap().to_owned();
     let call = parked_call(&a, &run_id).await;
-    // B lists it and decides it; A runs it.
-    let (_, listed) = b.get(&format!("/v1/approvals?thread_id={t}")).await;
+    // B lists it and decides it; A runs it. A reports the park from its
+    // own events, a moment before its `run_parked` event is stored, which
+    // is what B reads: B is asked until the park is there.
+    let mut listed = json!([]);
+    for _ in 0..200 {
+        listed = b.get(&format!("/v1/approvals?thread_id={t}")).await.1;
+        if listed[0]["call_id"] != serde_json::Value::Null {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(listed[0]["call_id"], call.as_str(), "{listed}");
     let path_b = format!("/v1/runs/{run_id}/approvals/{call}");
     let (status, body) = b.post(&path_b, json!({"decision": "approve"})).await;
