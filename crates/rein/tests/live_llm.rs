@@ -731,6 +731,169 @@ async fn tool_results_several_times_the_window_are_offloaded_and_every_run_compl
     );
 }
 
+#[tokio::test]
+async fn the_local_model_judges_a_looping_run_with_structured_output() {
+    let Some((url, _turn)) = live() else {
+        return;
+    };
+    // The agent is scripted (it polls the same job every round); the judge
+    // is the local model, asked for `{ reasoning, confidence }` through
+    // the JSON-schema response format, which llama.cpp enforces.
+    let agent = ScriptedExecutor::new(vec![ScriptedResponse::tool_call(
+        "echo",
+        json!({ "job": 7 }),
+    )])
+    .repeat_last();
+    let spec = spec()
+        .with_model_id("agent")
+        .with_max_rounds(3)
+        .with_stop_condition(StopConditionSpec::LlmLoopCheck {
+            model_id: "smollm2".into(),
+            after_rounds: 2,
+            interval: 1,
+            min_interval: 1,
+            max_interval: 1,
+            threshold: rein::contract::lifecycle::Confidence(0.9),
+            history: 20,
+            max_checks: 2,
+            on_detect: rein::contract::lifecycle::OnDetect::Stop,
+        });
+    let rt = AgentRuntimeBuilder::new()
+        .with_agent_spec(spec)
+        .with_model(ModelSpec::new("agent", "scripted", "loop"))
+        .with_provider("scripted", Arc::new(agent))
+        .with_model(model(96))
+        .with_provider(
+            "local",
+            Arc::new(GenaiExecutor::openai_compatible(url, None)),
+        )
+        .with_tool("echo", Arc::new(Echo("echo")))
+        .build()
+        .unwrap();
+    let sink = Arc::new(CollectingSink::new());
+    let result = rt
+        .run(user("judged", "Wait until job 7 is done."), sink.clone())
+        .await
+        .unwrap();
+    let checks: Vec<AgentEvent> = sink
+        .events()
+        .into_iter()
+        .filter(|e| matches!(e, AgentEvent::ModelCheck { .. }))
+        .collect();
+    assert!(!checks.is_empty(), "{:?}", result.termination);
+    for check in &checks {
+        let AgentEvent::ModelCheck {
+            outcome,
+            confidence,
+            detail,
+            ..
+        } = check
+        else {
+            unreachable!()
+        };
+        // The server refuses the JSON-schema format; the second attempt's
+        // JSON mode with the schema makes its grammar give valid JSON, and
+        // what it says is the model's. A 96-token answer can still be cut
+        // mid-object: that is a failed check, never a stop. (This server
+        // reports no usage when streaming.)
+        match outcome.as_str() {
+            "detected" | "clear" => {
+                let c = confidence.expect("an answered check has a confidence");
+                assert!((0.0..=1.0).contains(&c), "{check:?}");
+                assert!(!detail.is_empty(), "the reasoning: {check:?}");
+            }
+            "failed" => assert!(
+                detail.contains("malformed") || detail.contains("failed"),
+                "{check:?}"
+            ),
+            other => panic!("unexpected outcome {other}: {check:?}"),
+        }
+    }
+    match &result.termination {
+        TerminationReason::Stopped(r) => {
+            assert!(
+                r.code == "llm_loop_check" || r.code == "max_rounds",
+                "{r:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_local_model_judges_whether_a_final_answer_completes_the_task() {
+    let Some((url, _turn)) = live() else {
+        return;
+    };
+    let agent = ScriptedExecutor::new(vec![ScriptedResponse::text(
+        "I wrote the summary to summary.md: three paragraphs, as asked.",
+    )]);
+    let spec = spec()
+        .with_model_id("agent")
+        .with_stop_condition(StopConditionSpec::TaskComplete {
+            model_id: "smollm2".into(),
+            every: 0,
+            threshold: rein::contract::lifecycle::Confidence(0.9),
+            history: 20,
+            max_checks: 1,
+        });
+    let rt = AgentRuntimeBuilder::new()
+        .with_agent_spec(spec)
+        .with_model(ModelSpec::new("agent", "scripted", "answer"))
+        .with_provider("scripted", Arc::new(agent))
+        .with_model(model(96))
+        .with_provider(
+            "local",
+            Arc::new(GenaiExecutor::openai_compatible(url, None)),
+        )
+        .build()
+        .unwrap();
+    let sink = Arc::new(CollectingSink::new());
+    let result = rt
+        .run(
+            user("completion", "Summarize the notes into summary.md."),
+            sink.clone(),
+        )
+        .await
+        .unwrap();
+    let checks: Vec<AgentEvent> = sink
+        .events()
+        .into_iter()
+        .filter(|e| matches!(e, AgentEvent::ModelCheck { .. }))
+        .collect();
+    assert_eq!(checks.len(), 1, "one final answer, one check");
+    let AgentEvent::ModelCheck {
+        code,
+        outcome,
+        confidence,
+        complete,
+        ..
+    } = &checks[0]
+    else {
+        unreachable!()
+    };
+    assert_eq!(code, "task_complete");
+    match outcome.as_str() {
+        "detected" | "clear" => {
+            assert!(complete.is_some(), "{:?}", checks[0]);
+            assert!(
+                confidence.is_some_and(|c| (0.0..=1.0).contains(&c)),
+                "{:?}",
+                checks[0]
+            );
+        }
+        "failed" => {}
+        other => panic!("unexpected outcome {other}: {:?}", checks[0]),
+    }
+    // Complete: `task_complete`; incomplete: the default `[warn]` lets the
+    // answer stand; a failed check changes nothing.
+    match &result.termination {
+        TerminationReason::NaturalEnd => {}
+        TerminationReason::Stopped(r) => assert_eq!(r.code, "task_complete", "{r:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// The skip line's count is the number of `#[tokio::test]`s; it is true
 /// only if each of them skips through [`live`].
 #[test]

@@ -43,6 +43,8 @@ pub const LADDER_CODES: &[&str] = &[
     "error_rate",
     "no_progress",
     "awaiting_user",
+    "llm_loop_check",
+    "task_complete",
 ];
 
 /// The detector codes whose ladders may `deny` (they watch tool calls).

@@ -226,6 +226,34 @@ pub enum AgentEvent {
         /// The tokens the summary's own inference used, when reported.
         usage: Option<TokenUsage>,
     },
+    /// A model judged the run (a `llm_loop_check` or `task_complete`
+    /// stop condition): once per check, sent or not. A detection it leads
+    /// to is also reported as usual (`detected`, a nudge, or the stop).
+    ModelCheck {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The condition: `llm_loop_check` or `task_complete`.
+        code: String,
+        /// The judging model's id.
+        model_id: String,
+        /// The round it judged.
+        step: u32,
+        /// `detected` (a loop; a task complete or, on a final answer,
+        /// incomplete), `clear` (nothing to act on), `failed` (an error or
+        /// malformed output: skipped) or `skipped` (the token budget could
+        /// not pay for it: not sent).
+        outcome: String,
+        /// The model's confidence, 0 to 1, when it answered.
+        confidence: Option<f64>,
+        /// For `task_complete`: whether the model judged the task complete.
+        complete: Option<bool>,
+        /// The model's reasoning, or why the check failed or was skipped.
+        detail: String,
+        /// The tokens the check used, when reported.
+        usage: Option<TokenUsage>,
+    },
     /// Auto mode's progress: after every round, and when it stops
     /// (`auto-run stop condition: <stop_reason>`).
     ///
@@ -390,6 +418,7 @@ impl AgentEvent {
             Self::ModelFallback { .. } => "model_fallback",
             Self::ContextCompacted { .. } => "context_compacted",
             Self::ContextSummarized { .. } => "context_summarized",
+            Self::ModelCheck { .. } => "model_check",
             Self::Progress { .. } => "progress",
             Self::SubagentStarted { .. } => "subagent_started",
             Self::SubagentFinished { .. } => "subagent_finished",
@@ -418,6 +447,7 @@ impl AgentEvent {
             | Self::ModelFallback { run_id, .. }
             | Self::ContextCompacted { run_id, .. }
             | Self::ContextSummarized { run_id, .. }
+            | Self::ModelCheck { run_id, .. }
             | Self::Progress { run_id, .. }
             | Self::SubagentStarted { run_id, .. }
             | Self::SubagentFinished { run_id, .. }
@@ -446,6 +476,7 @@ impl AgentEvent {
             | Self::ModelFallback { thread_id, .. }
             | Self::ContextCompacted { thread_id, .. }
             | Self::ContextSummarized { thread_id, .. }
+            | Self::ModelCheck { thread_id, .. }
             | Self::Progress { thread_id, .. }
             | Self::SubagentStarted { thread_id, .. }
             | Self::SubagentFinished { thread_id, .. }

@@ -99,6 +99,31 @@ impl<'de> Deserialize<'de> for ToolChoice {
     }
 }
 
+/// How an answer's JSON is asked for.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ResponseFormat {
+    /// The provider's JSON-schema response format, strict where the
+    /// provider has that (OpenAI's `json_schema`): the answer follows the
+    /// schema.
+    JsonSchema(Arc<serde_json::Value>),
+    /// JSON mode (OpenAI's `json_object`): the answer is a JSON object.
+    /// The schema goes along where the protocol has room for it (an
+    /// OpenAI-compatible server gets it as `response_format.schema`, which
+    /// llama.cpp and llama-cpp-python constrain the answer to); for the
+    /// others it is only what the prompt asked for.
+    JsonObject(Arc<serde_json::Value>),
+}
+
+impl ResponseFormat {
+    /// The schema, whichever the format.
+    pub fn schema(&self) -> &serde_json::Value {
+        match self {
+            Self::JsonSchema(schema) | Self::JsonObject(schema) => schema,
+        }
+    }
+}
+
 /// One inference request.
 ///
 /// `messages` is the conversation so far as a shared snapshot
@@ -124,6 +149,10 @@ pub struct InferenceRequest {
     pub temperature: Option<f64>,
     /// Output token limit, when set.
     pub max_output_tokens: Option<u32>,
+    /// How the answer's JSON is asked for (structured output), when set:
+    /// providers that support it constrain the answer; the caller
+    /// validates what comes back either way.
+    pub response_format: Option<ResponseFormat>,
 }
 
 impl InferenceRequest {
@@ -138,7 +167,14 @@ impl InferenceRequest {
             tool_choice: ToolChoice::Auto,
             temperature: None,
             max_output_tokens: None,
+            response_format: None,
         }
+    }
+
+    /// Asks for the answer as JSON in `format` (structured output).
+    pub fn with_response_format(mut self, format: ResponseFormat) -> Self {
+        self.response_format = Some(format);
+        self
     }
 
     /// Sets the system prompt.

@@ -180,10 +180,122 @@ pub enum StopConditionSpec {
         #[serde(default = "default_auto_nudges")]
         auto_nudges: usize,
     },
+    /// Gemini CLI's third loop-detection layer: once a run is long, every
+    /// few rounds a model (`model_id`, typically cheaper than the agent's)
+    /// reads the recent history and answers `{ reasoning, confidence }`;
+    /// a confidence at or above `threshold` is a detection (code
+    /// `llm_loop_check`, the reasoning in its detail). Checked after a
+    /// round's tool results; the interval adapts to each answer's
+    /// confidence, between `min_interval` and `max_interval`. A check that
+    /// fails or answers malformed output is logged and skipped, never a
+    /// stop; its tokens count toward the run's usage and budgets, and a
+    /// check the budget cannot pay for is not sent. Its ladder is set under
+    /// `escalation` (code `llm_loop_check`).
+    LlmLoopCheck {
+        /// The judging model, a registered model id.
+        model_id: String,
+        /// Rounds before the first check (default 30; at least 1).
+        #[serde(default = "default_check_after_rounds")]
+        after_rounds: usize,
+        /// Rounds between checks until the first answer (default 10).
+        #[serde(default = "default_check_interval")]
+        interval: usize,
+        /// The interval after a confident answer (default 5; at least 1).
+        #[serde(default = "default_min_check_interval")]
+        min_interval: usize,
+        /// The interval after an answer of confidence 0 (default 15).
+        #[serde(default = "default_max_check_interval")]
+        max_interval: usize,
+        /// The confidence that makes a detection (default 0.9).
+        #[serde(default)]
+        threshold: Confidence,
+        /// How many recent messages the model reads (default 20; 2 to 200).
+        #[serde(default = "default_check_history")]
+        history: usize,
+        /// The most checks one run makes (default 10; 0 disables).
+        #[serde(default = "default_max_checks")]
+        max_checks: usize,
+        /// Stop at once, or nudge first (default stop).
+        #[serde(default)]
+        on_detect: OnDetect,
+    },
+    /// A judge of completion: after a round whose answer called no tools
+    /// (and, with `every`, every `every` rounds), a model (`model_id`)
+    /// reads the user's task and the recent history and answers
+    /// `{ reasoning, complete, confidence }`. `complete` with a confidence
+    /// at or above `threshold` ends the run `stopped(task_complete)`. A
+    /// final answer judged incomplete climbs the ladder set under
+    /// `escalation` for `task_complete` (default `[warn]`: reported, the
+    /// answer stands; a `nudge` step sends the judge's reasoning back to
+    /// the model; a `stop` step ends the run `stopped(task_incomplete)`).
+    /// The same cost rules as [`LlmLoopCheck`](Self::LlmLoopCheck).
+    TaskComplete {
+        /// The judging model, a registered model id.
+        model_id: String,
+        /// Also judge every `every` rounds with tool calls (default 0:
+        /// only final answers).
+        #[serde(default)]
+        every: usize,
+        /// The confidence that makes a verdict count (default 0.9).
+        #[serde(default)]
+        threshold: Confidence,
+        /// How many recent messages the model reads (default 20; 2 to 200).
+        #[serde(default = "default_check_history")]
+        history: usize,
+        /// The most checks one run makes (default 10; 0 disables).
+        #[serde(default = "default_max_checks")]
+        max_checks: usize,
+    },
 }
 
 fn default_auto_nudges() -> usize {
     2
+}
+fn default_check_after_rounds() -> usize {
+    30
+}
+fn default_check_interval() -> usize {
+    10
+}
+fn default_min_check_interval() -> usize {
+    5
+}
+fn default_max_check_interval() -> usize {
+    15
+}
+fn default_check_history() -> usize {
+    20
+}
+fn default_max_checks() -> usize {
+    10
+}
+
+/// A model's confidence, from 0 to 1 (default 0.9, as a threshold).
+///
+/// Compared by value; equal when their bits are (so a spec holding one
+/// stays `Eq`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Confidence(pub f64);
+
+impl Default for Confidence {
+    fn default() -> Self {
+        Self(0.9)
+    }
+}
+
+impl PartialEq for Confidence {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for Confidence {}
+
+impl fmt::Display for Confidence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
 }
 
 impl StopConditionSpec {
@@ -205,6 +317,8 @@ impl StopConditionSpec {
             Self::ErrorRate { .. } => "error_rate",
             Self::NoProgress { .. } => "no_progress",
             Self::AwaitingUser { .. } => "awaiting_user",
+            Self::LlmLoopCheck { .. } => "llm_loop_check",
+            Self::TaskComplete { .. } => "task_complete",
         }
     }
 }

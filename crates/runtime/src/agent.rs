@@ -39,6 +39,9 @@ pub(crate) struct Agent {
     pub(crate) limits: Option<Arc<crate::limits::ProviderGate>>,
     /// The model's fallbacks, in order (`model.fallbacks` resolved).
     pub(crate) fallbacks: Vec<Route>,
+    /// The judging models of the model-judged stop conditions
+    /// (`llm_loop_check`, `task_complete`), in list order.
+    pub(crate) checks: Vec<Route>,
     pub(crate) tools: HashMap<String, Arc<dyn Tool>>,
     pub(crate) descriptors: Vec<ToolDescriptor>,
     /// Hooks by phase index, in dispatch order.

@@ -62,6 +62,21 @@ pub enum BuildError {
         /// What is wrong, naming the detector code or tool.
         message: String,
     },
+    /// A stop condition judged by a model (`llm_loop_check`,
+    /// `task_complete`) names a model nobody registered.
+    #[error(
+        "agent \"{agent_id}\": the `{code}` stop condition names model_id \"{model_id}\", which is not a registered model; registered: {known}"
+    )]
+    UnknownCheckModel {
+        /// The agent.
+        agent_id: String,
+        /// The condition's type.
+        code: String,
+        /// The unknown model id.
+        model_id: String,
+        /// The registered model ids (or `none`).
+        known: String,
+    },
     /// A token counter was registered for a model nobody registered.
     #[error(
         "a token counter is registered for model \"{model_id}\", which is not a registered model; registered: {known}"
@@ -654,6 +669,7 @@ impl AgentRuntimeBuilder {
                 model: model.clone(),
                 limits: gates.get(model.provider_id.as_str()).cloned(),
                 fallbacks: fallbacks(&spec, model, &models, &providers, &gates)?,
+                checks: check_routes(&spec, &models, &providers, &gates)?,
                 executor,
                 tools,
                 descriptors,
@@ -713,6 +729,47 @@ fn fallbacks(
             model: (*fallback).clone(),
             executor,
             limits: gates.get(fallback.provider_id.as_str()).cloned(),
+        });
+    }
+    Ok(routes)
+}
+
+/// The judging models of the agent's model-judged stop conditions, in
+/// list order.
+fn check_routes(
+    spec: &AgentSpec,
+    models: &HashMap<&str, &ModelSpec>,
+    providers: &HashMap<&str, Arc<dyn LlmExecutor>>,
+    gates: &HashMap<String, Arc<crate::limits::ProviderGate>>,
+) -> Result<Vec<crate::agent::Route>, BuildError> {
+    use rein_runtime_contract::lifecycle::StopConditionSpec;
+    let mut routes = Vec::new();
+    for condition in &spec.stop_conditions {
+        let (StopConditionSpec::LlmLoopCheck { model_id, .. }
+        | StopConditionSpec::TaskComplete { model_id, .. }) = condition
+        else {
+            continue;
+        };
+        let model = models
+            .get(model_id.as_str())
+            .ok_or_else(|| BuildError::UnknownCheckModel {
+                agent_id: spec.id.clone(),
+                code: condition.kind().to_owned(),
+                model_id: model_id.clone(),
+                known: list(models.keys().copied()),
+            })?;
+        let executor = providers
+            .get(model.provider_id.as_str())
+            .cloned()
+            .ok_or_else(|| BuildError::UnknownProvider {
+                model_id: model.id.clone(),
+                provider_id: model.provider_id.clone(),
+                known: list(providers.keys().copied()),
+            })?;
+        routes.push(crate::agent::Route {
+            model: (*model).clone(),
+            executor,
+            limits: gates.get(model.provider_id.as_str()).cloned(),
         });
     }
     Ok(routes)

@@ -4,6 +4,10 @@
 //! **Invariant:** after any run ends, its thread's history is valid; calls
 //! that did not run (stopped, cancelled, interrupted) are answered by a
 //! result that says so. [`repair`] is the one place that writes such results.
+//!
+//! Also how a model that judges a run reads its history: the [`recent`]
+//! messages (a window that neither starts with a tool result nor ends
+//! with a call left without its result) as a plain [`transcript`].
 
 use std::collections::HashMap;
 
@@ -184,6 +188,57 @@ pub(crate) fn is_valid(messages: &[Message]) -> bool {
         }
     }
     open.is_empty()
+}
+
+/// The last `n` messages of `messages`, trimmed so that the window does not
+/// start with a tool result (its call is outside it) and does not end with
+/// an assistant message whose calls have no results in it.
+pub(crate) fn recent(messages: &[Message], n: usize) -> &[Message] {
+    let mut window = &messages[messages.len().saturating_sub(n)..];
+    while let [first, rest @ ..] = window
+        && first.role == Role::Tool
+    {
+        window = rest;
+    }
+    while let [rest @ .., last] = window
+        && last.role == Role::Assistant
+        && !last.tool_calls.is_empty()
+    {
+        window = rest;
+    }
+    window
+}
+
+/// `messages` as a plain transcript: `[user] …`, `[assistant] …`,
+/// `[assistant called <name>] <arguments>`, `[tool result] …`, one line
+/// each; each text cut to `max_chars` characters when given.
+pub(crate) fn transcript(messages: &[Message], max_chars: Option<usize>) -> String {
+    use std::fmt::Write;
+    let cut = |text: &str| match max_chars {
+        Some(max) => crate::detectors::snippet(text, max),
+        None => text.to_owned(),
+    };
+    let mut out = String::new();
+    for m in messages {
+        let who = match m.role {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::System => "system",
+            Role::Tool => "tool result",
+        };
+        if !(m.content.is_empty() && m.role == Role::Assistant && !m.tool_calls.is_empty()) {
+            let _ = writeln!(out, "[{who}] {}", cut(&m.content));
+        }
+        for call in &m.tool_calls {
+            let _ = writeln!(
+                out,
+                "[assistant called {}] {}",
+                call.name,
+                cut(&call.arguments.to_string())
+            );
+        }
+    }
+    out
 }
 
 #[cfg(test)]

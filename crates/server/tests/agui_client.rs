@@ -34,14 +34,27 @@ providers:
     kind: scripted
     responses: ["Done."]
     limits: { requests_per_minute: 60, window_ms: 1000 }
+  looper:
+    kind: scripted
+    responses:
+      - { tool_calls: [ { name: poll, arguments: { job: 7 } } ] }
+  judge:
+    kind: scripted
+    responses:
+      - '{"reasoning": "it polls job 7 again and again", "confidence": 0.96}'
 models:
   chat: { provider: chat, model: c }
   slow: { provider: slow, model: s }
   limited: { provider: limited, model: l }
+  looper: { provider: looper, model: x }
+  judge: { provider: judge, model: j }
 agents:
   - { id: assistant, model_id: chat, plugin_ids: [terminate] }
   - { id: slow, model_id: slow }
   - { id: limited, model_id: limited }
+  - id: looper
+    model_id: looper
+    stop_conditions: [ { type: llm_loop_check, model_id: judge, after_rounds: 2, interval: 1 } ]
 "#;
 
 /// The client's `node_modules`, or `None` (skipped, said once).
@@ -159,6 +172,32 @@ async fn a_wait_for_the_provider_s_limits_reaches_the_official_client_as_a_custo
     assert!(waits[0]["value"]["wait_ms"].as_u64().is_some(), "{seen}");
     let events = seen["second"]["events"].as_array().unwrap();
     assert_eq!(events.last().unwrap()["type"], "RUN_FINISHED");
+}
+
+#[tokio::test]
+async fn a_model_check_reaches_the_official_client_as_a_custom_event_before_the_run_ends() {
+    let Some(modules) = client() else { return };
+    let server = Server::start(AGUI_YAML).await;
+    let seen = node(&modules, &server.at("/v1/ag-ui/looper"), "judged").await;
+    assert_eq!(seen["warnings"], json!([]), "{seen}");
+    assert_eq!(seen["first"]["error"], Value::Null, "{seen}");
+    let events = seen["first"]["events"].as_array().unwrap();
+    let checks: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "CUSTOM" && e["name"] == "model_check")
+        .collect();
+    assert_eq!(checks.len(), 1, "{seen}");
+    let value = &checks[0]["value"];
+    assert_eq!(value["code"], "llm_loop_check", "{seen}");
+    assert_eq!(value["outcome"], "detected", "{seen}");
+    assert_eq!(value["step"], 2, "{seen}");
+    assert!(
+        value["detail"].as_str().unwrap().contains("polls job 7"),
+        "{seen}"
+    );
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "RUN_FINISHED", "{seen}");
+    server.stop().await;
 }
 
 #[tokio::test]

@@ -14,7 +14,9 @@ use genai::chat::{
     CacheControl, ChatMessage, ChatOptions, ChatRequest, ChatResponse, ContentPart, MessageContent,
     Tool, ToolName, ToolResponse,
 };
-use rein_runtime_contract::inference::{InferenceDelta, InferenceRequest, ToolChoice};
+use rein_runtime_contract::inference::{
+    InferenceDelta, InferenceRequest, ResponseFormat, ToolChoice,
+};
 use rein_runtime_contract::message::{CacheUsage, Role, TokenUsage, ToolCall};
 use serde_json::Value;
 
@@ -92,8 +94,9 @@ pub(super) fn to_chat_request(request: &InferenceRequest, cache_hints: bool) -> 
 }
 
 /// The chat options for `request`: sampling, tool choice (only with tools),
-/// and what the stream should capture.
-pub(super) fn chat_options(request: &InferenceRequest) -> ChatOptions {
+/// the response format (`openai`: sent over the OpenAI protocol), and what
+/// the stream should capture.
+pub(super) fn chat_options(request: &InferenceRequest, openai: bool) -> ChatOptions {
     let mut options = ChatOptions::default()
         .with_capture_usage(true)
         .with_capture_tool_calls(true)
@@ -104,6 +107,23 @@ pub(super) fn chat_options(request: &InferenceRequest) -> ChatOptions {
     }
     if let Some(max_tokens) = request.max_output_tokens {
         options = options.with_max_tokens(max_tokens);
+    }
+    match &request.response_format {
+        Some(ResponseFormat::JsonSchema(schema)) => {
+            let spec = genai::chat::JsonSpec::new("rein_structured_answer", (**schema).clone());
+            options = options.with_response_format(genai::chat::ChatResponseFormat::JsonSpec(spec));
+        }
+        Some(ResponseFormat::JsonObject(schema)) => {
+            options = options.with_response_format(genai::chat::ChatResponseFormat::JsonMode);
+            if openai {
+                // The OpenAI protocol's JSON mode with the schema alongside:
+                // llama.cpp and llama-cpp-python constrain to it.
+                options = options.with_extra_body(serde_json::json!({
+                    "response_format": { "type": "json_object", "schema": **schema }
+                }));
+            }
+        }
+        _ => {}
     }
     if !request.tools.is_empty() {
         let choice = match &request.tool_choice {
@@ -277,7 +297,7 @@ pub(super) mod tests {
         request.tool_choice = ToolChoice::Required;
         request.temperature = Some(0.25);
         request.max_output_tokens = Some(128);
-        let options = chat_options(&request);
+        let options = chat_options(&request, true);
         assert_eq!(options.tool_choice, None);
         assert_eq!(options.temperature, Some(0.25));
         assert_eq!(options.max_tokens, Some(128));
@@ -288,13 +308,43 @@ pub(super) mod tests {
         let mut request = request.with_tools(vec![search_tool()]);
         request.tool_choice = ToolChoice::Tool("search".into());
         assert_eq!(
-            chat_options(&request).tool_choice,
+            chat_options(&request, true).tool_choice,
             Some(genai::chat::ToolChoice::tool("search"))
         );
         request.tool_choice = ToolChoice::None;
         assert_eq!(
-            chat_options(&request).tool_choice,
+            chat_options(&request, true).tool_choice,
             Some(genai::chat::ToolChoice::None)
+        );
+    }
+
+    #[test]
+    fn a_json_schema_is_a_json_spec_and_json_mode_carries_the_schema_over_the_openai_protocol() {
+        let schema = std::sync::Arc::new(json!({"type": "object", "required": ["a"]}));
+        let request = InferenceRequest::new("m", vec![Message::user("hi")])
+            .with_response_format(ResponseFormat::JsonSchema(schema.clone()));
+        match chat_options(&request, true).response_format {
+            Some(genai::chat::ChatResponseFormat::JsonSpec(spec)) => {
+                assert_eq!(spec.schema, *schema);
+            }
+            other => panic!("{other:?}"),
+        }
+        let request = request.with_response_format(ResponseFormat::JsonObject(schema.clone()));
+        let options = chat_options(&request, true);
+        assert!(matches!(
+            options.response_format,
+            Some(genai::chat::ChatResponseFormat::JsonMode)
+        ));
+        assert_eq!(
+            options.extra_body,
+            Some(json!({"response_format": {"type": "json_object", "schema": *schema}}))
+        );
+        // Another protocol: JSON mode alone.
+        assert_eq!(chat_options(&request, false).extra_body, None);
+        assert!(
+            chat_options(&InferenceRequest::new("m", vec![]), true)
+                .response_format
+                .is_none()
         );
     }
 

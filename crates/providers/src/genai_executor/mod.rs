@@ -307,15 +307,17 @@ impl GenaiExecutor {
     }
 }
 
-/// Whether `model` is served over a protocol whose prompt cache needs
-/// explicit breakpoints (Anthropic's `cache_control`). OpenAI and Gemini
-/// cache prefixes on their own; other adapters get no hints. A model that
-/// does not resolve gets none either (sending reports the error).
-async fn wants_cache_hints(client: &genai::Client, model: &str) -> bool {
+/// The protocol `model` is served over, if it resolves (sending reports
+/// the error otherwise). Anthropic's prompt cache needs explicit
+/// breakpoints (`cache_control`; OpenAI and Gemini cache prefixes on their
+/// own, other adapters get no hints); the OpenAI protocol takes a schema
+/// with its JSON mode.
+async fn adapter_kind(client: &genai::Client, model: &str) -> Option<AdapterKind> {
     client
         .resolve_service_target(model)
         .await
-        .is_ok_and(|target| target.model.adapter_kind == AdapterKind::Anthropic)
+        .ok()
+        .map(|target| target.model.adapter_kind)
 }
 
 #[async_trait]
@@ -338,9 +340,9 @@ impl LlmExecutor for GenaiExecutor {
     /// task keeps it alive.
     async fn open(&self, request: &InferenceRequest) -> Result<InferenceStream, InferenceError> {
         let client = self.client.as_ref().map_err(Clone::clone)?;
-        let chat_request =
-            to_chat_request(request, wants_cache_hints(client, &request.model).await);
-        let mut options = chat_options(request);
+        let adapter = adapter_kind(client, &request.model).await;
+        let chat_request = to_chat_request(request, adapter == Some(AdapterKind::Anthropic));
+        let mut options = chat_options(request, adapter == Some(AdapterKind::OpenAI));
         if self.streaming {
             options = options.with_stream_header_timeout(self.request_timeout);
             self.open_streaming(client, &request.model, chat_request, &options)

@@ -144,6 +144,131 @@ pub(super) struct AwaitingUser {
     pub(super) auto_nudges: AutoNudges,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LlmLoopCheck {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    pub(super) model_id: ModelId,
+    #[serde(default = "CheckRounds::default_after")]
+    pub(super) after_rounds: CheckRounds,
+    #[serde(default = "CheckInterval::default_interval")]
+    pub(super) interval: CheckInterval,
+    #[serde(default = "CheckInterval::default_min")]
+    pub(super) min_interval: CheckInterval,
+    #[serde(default = "CheckInterval::default_max")]
+    pub(super) max_interval: CheckInterval,
+    #[serde(default)]
+    pub(super) threshold: ConfidenceItem,
+    #[serde(default = "CheckHistory::default_history")]
+    pub(super) history: CheckHistory,
+    #[serde(default = "MaxChecks::default_checks")]
+    pub(super) max_checks: MaxChecks,
+    #[serde(default)]
+    pub(super) on_detect: OnDetect,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TaskComplete {
+    #[serde(rename = "type")]
+    _type: de::IgnoredAny,
+    pub(super) model_id: ModelId,
+    #[serde(default = "CheckEvery::default_every")]
+    pub(super) every: CheckEvery,
+    #[serde(default)]
+    pub(super) threshold: ConfidenceItem,
+    #[serde(default = "CheckHistory::default_history")]
+    pub(super) history: CheckHistory,
+    #[serde(default = "MaxChecks::default_checks")]
+    pub(super) max_checks: MaxChecks,
+}
+
+impl CheckRounds {
+    fn default_after() -> Self {
+        Self(30)
+    }
+}
+
+impl CheckInterval {
+    fn default_interval() -> Self {
+        Self(10)
+    }
+    fn default_min() -> Self {
+        Self(5)
+    }
+    fn default_max() -> Self {
+        Self(15)
+    }
+}
+
+impl CheckEvery {
+    fn default_every() -> Self {
+        Self(0)
+    }
+}
+
+impl CheckHistory {
+    fn default_history() -> Self {
+        Self(20)
+    }
+}
+
+impl MaxChecks {
+    fn default_checks() -> Self {
+        Self(10)
+    }
+}
+
+/// A judging model's id: not empty.
+pub(super) struct ModelId(pub(super) String);
+
+impl<'de> Deserialize<'de> for ModelId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let id = String::deserialize(d)?;
+        if id.trim().is_empty() {
+            return Err(de::Error::custom(
+                "model_id is empty; name a registered model (the judging model)",
+            ));
+        }
+        Ok(Self(id))
+    }
+}
+
+/// A confidence threshold from 0 to 1 (default 0.9).
+#[derive(Default)]
+pub(super) struct ConfidenceItem(pub(super) crate::lifecycle::Confidence);
+
+impl<'de> Deserialize<'de> for ConfidenceItem {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = ConfidenceItem;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a confidence from 0 to 1")
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<ConfidenceItem, E> {
+                if (0.0..=1.0).contains(&v) {
+                    Ok(ConfidenceItem(crate::lifecycle::Confidence(v)))
+                } else {
+                    Err(E::custom(format!(
+                        "{v} is out of range: threshold must be from 0 to 1"
+                    )))
+                }
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ConfidenceItem, E> {
+                #[allow(clippy::cast_precision_loss, reason = "only 0 and 1 are in range")]
+                self.visit_f64(v as f64)
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ConfidenceItem, E> {
+                #[allow(clippy::cast_precision_loss, reason = "only 0 and 1 are in range")]
+                self.visit_f64(v as f64)
+            }
+        }
+        d.deserialize_f64(V)
+    }
+}
+
 impl AutoNudges {
     fn default_nudges() -> Self {
         Self(2)
@@ -370,3 +495,38 @@ impl Visitor<'_> for PatternVisitor {
         Ok(Pattern(v.to_owned()))
     }
 }
+checked_uint!(
+    CheckRounds,
+    usize,
+    "a number of rounds",
+    |v| (1..=MAX_ROUNDS as u64).contains(&v),
+    "after_rounds must be 1 to 1000000"
+);
+checked_uint!(
+    CheckInterval,
+    usize,
+    "a number of rounds",
+    |v| (1..=MAX_CHECK_INTERVAL as u64).contains(&v),
+    "an interval must be 1 to 1000 rounds"
+);
+checked_uint!(
+    CheckEvery,
+    usize,
+    "a number of rounds",
+    |v| v <= MAX_CHECK_INTERVAL as u64,
+    "every must be at most 1000 rounds; 0 judges final answers only"
+);
+checked_uint!(
+    CheckHistory,
+    usize,
+    "a number of messages",
+    |v| (2..=MAX_CHECK_HISTORY as u64).contains(&v),
+    "history must be 2 to 200 messages"
+);
+checked_uint!(
+    MaxChecks,
+    usize,
+    "a number of checks",
+    |v| v <= MAX_CHECKS as u64,
+    "max_checks must be at most 1000; 0 disables"
+);

@@ -28,12 +28,22 @@
 //! | `tool_call_loop.max_cycle`, `tool_call_cycle.cycle` | 0 (disabled) or 1 ..= 16 |
 //! | `content_chanting.chunk_chars` | 0 (disabled) or 8 ..= 1000 |
 //! | `stuck.duplicates` | 0 (disabled) or ≥ 1 |
+//! | `llm_loop_check.after_rounds` | 1 ..= 1 000 000 |
+//! | `llm_loop_check.interval`, `min_interval`, `max_interval` | 1 ..= 1000, `min_interval` ≤ `max_interval` |
+//! | `task_complete.every` | 0 (final answers only) ..= 1000 |
+//! | `threshold` of `llm_loop_check` and `task_complete` | 0 ..= 1 |
+//! | `history` of `llm_loop_check` and `task_complete` | 2 ..= 200 |
+//! | `max_checks` of `llm_loop_check` and `task_complete` | 0 (disabled) ..= 1000 |
+//! | `model_id` of `llm_loop_check` and `task_complete` | required, not empty |
 //!
 //! Fields with defaults may be omitted: `tool_call_loop` (threshold 5,
 //! max_cycle 5, on_detect stop), `tool_error_loop` (threshold 3, on_detect
 //! stop), `tool_call_cycle` (threshold 5, on_detect stop; `cycle` is
 //! required), `content_chanting` (chunk_chars 50, threshold 10, on_detect
-//! stop), `stuck` (duplicates 2).
+//! stop), `stuck` (duplicates 2), `llm_loop_check` (after_rounds 30,
+//! interval 10, min_interval 5, max_interval 15, threshold 0.9, history 20,
+//! max_checks 10, on_detect stop), `task_complete` (every 0, threshold 0.9,
+//! history 20, max_checks 10).
 //!
 //! ```
 //! use rein_runtime_contract::config::load_stop_conditions_yaml;
@@ -87,6 +97,13 @@ pub const MAX_ERROR_RATE_ERRORS: usize = 1000;
 pub const MAX_AUTO_NUDGES: usize = 100;
 /// The largest accepted `no_progress.rounds`.
 pub const MAX_NO_PROGRESS_ROUNDS: usize = 1000;
+/// The largest accepted interval of `llm_loop_check` and `every` of
+/// `task_complete`, in rounds.
+pub const MAX_CHECK_INTERVAL: usize = 1000;
+/// The most recent messages a judging model may be given (`history`).
+pub const MAX_CHECK_HISTORY: usize = 200;
+/// The largest accepted `max_checks` of a model-judged condition.
+pub const MAX_CHECKS: usize = 1000;
 
 /// A configuration document that could not be loaded: what is wrong, and
 /// where (file, 1-based line and column) when known.
@@ -368,7 +385,7 @@ fn item_kinds(list: &serde_yaml::Value) -> Vec<Option<String>> {
 }
 
 /// The stop condition `type` names, in declaration order.
-pub const STOP_CONDITION_TYPES: [&str; 15] = [
+pub const STOP_CONDITION_TYPES: [&str; 17] = [
     "max_rounds",
     "timeout",
     "token_budget",
@@ -384,6 +401,8 @@ pub const STOP_CONDITION_TYPES: [&str; 15] = [
     "error_rate",
     "no_progress",
     "awaiting_user",
+    "llm_loop_check",
+    "task_complete",
 ];
 
 struct StopConditionsDocSeed<'k> {
@@ -596,6 +615,36 @@ impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
             Some("no_progress") => {
                 let i = items::NoProgress::deserialize(d)?;
                 StopConditionSpec::NoProgress { rounds: i.rounds.0 }
+            }
+            Some("llm_loop_check") => {
+                let i = items::LlmLoopCheck::deserialize(d)?;
+                if i.min_interval.0 > i.max_interval.0 {
+                    return Err(de::Error::custom(format!(
+                        "min_interval ({}) is above max_interval ({}); the interval adapts between them",
+                        i.min_interval.0, i.max_interval.0
+                    )));
+                }
+                StopConditionSpec::LlmLoopCheck {
+                    model_id: i.model_id.0,
+                    after_rounds: i.after_rounds.0,
+                    interval: i.interval.0,
+                    min_interval: i.min_interval.0,
+                    max_interval: i.max_interval.0,
+                    threshold: i.threshold.0,
+                    history: i.history.0,
+                    max_checks: i.max_checks.0,
+                    on_detect: i.on_detect,
+                }
+            }
+            Some("task_complete") => {
+                let i = items::TaskComplete::deserialize(d)?;
+                StopConditionSpec::TaskComplete {
+                    model_id: i.model_id.0,
+                    every: i.every.0,
+                    threshold: i.threshold.0,
+                    history: i.history.0,
+                    max_checks: i.max_checks.0,
+                }
             }
             // Unknown or missing: report it at the `type` value (or the item).
             _ => {

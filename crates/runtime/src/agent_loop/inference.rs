@@ -453,6 +453,12 @@ impl Run {
             judge.final_answer(&answer, &mut acting);
             self.response = answer;
         }
+        // The conditions a model judges, once the round is stored.
+        if self.checks.is_some()
+            && let Err(reason) = Box::pin(self.model_checks(calls.is_empty())).await
+        {
+            return Some(reason);
+        }
         if calls.is_empty() && !std::mem::take(&mut self.directives.another_round) {
             return Some(self.termination().unwrap_or(TerminationReason::NaturalEnd));
         }

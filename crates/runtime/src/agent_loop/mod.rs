@@ -36,6 +36,7 @@ mod context;
 mod fallback;
 mod inference;
 pub(crate) mod judge;
+mod model_checks;
 mod park;
 mod report;
 mod tools;
@@ -183,6 +184,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
             agent_id: agent.spec.id.clone(),
         },
         judge: Judge::live(&agent.spec, &agent.tool_rules),
+        checks: model_checks::Checks::of(&agent),
         agent,
         control,
         events: sink.is_enabled(),
@@ -329,6 +331,9 @@ struct Run {
     started: Instant,
     /// The run control: policies, detectors, ladders, the guard.
     judge: Judge,
+    /// The conditions a model judges, when the agent has any (boxed: the
+    /// other runs pay one pointer).
+    checks: Option<Box<model_checks::Checks>>,
     steps: u32,
     usage: TokenUsage,
     usage_complete: bool,
@@ -420,6 +425,9 @@ impl Run {
                 .map_err(store_failed)?;
         }
         self.persisted = history.len();
+        if let Some(checks) = &mut self.checks {
+            checks.task_from = history.len();
+        }
         history.extend(input);
         let from = self.persisted;
         history::repair_with_status(

@@ -559,22 +559,7 @@ impl ContextWindow {
         if boundary == 0 || only_summary {
             return None;
         }
-        let mut transcript = String::new();
-        for m in &view.messages[..boundary] {
-            let who = match m.role {
-                Role::User => "user",
-                Role::Assistant => "assistant",
-                Role::System => "system",
-                Role::Tool => "tool result",
-            };
-            transcript.push_str(&format!("[{who}] {}\n", m.content));
-            for call in &m.tool_calls {
-                transcript.push_str(&format!(
-                    "[assistant called {}] {}\n",
-                    call.name, call.arguments
-                ));
-            }
-        }
+        let transcript = crate::history::transcript(&view.messages[..boundary], None);
         Some(SummaryPlan {
             boundary,
             transcript,

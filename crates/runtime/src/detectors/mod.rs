@@ -21,6 +21,8 @@
 //! | [`ErrorRateDetector`] | after a failed inference and each tool error | `error_rate` |
 //! | [`NoProgressDetector`] | after the round's tool results are recorded | `no_progress` |
 //! | [`AwaitingUserDetector`] | on a final answer (one without tool calls) | `awaiting_user` |
+//! | `llm_loop_check` (a model judges) | after a round with tool calls, from `after_rounds` on, every few rounds | `llm_loop_check` |
+//! | `task_complete` (a model judges) | after a final answer nothing else answered; with `every`, every few rounds | `task_complete`, `task_incomplete` |
 //!
 //! Detectors do not cancel and do not end runs themselves: they return a
 //! [`Verdict`]; the run's judge (`agent_loop::judge`, shared by the loop
@@ -31,6 +33,7 @@
 
 mod awaiting_user;
 mod chanting;
+pub(crate) mod model_checks;
 mod progress;
 mod stuck;
 mod tool_calls;
@@ -43,6 +46,10 @@ pub use awaiting_user::{
     UNRESOLVED, WAITING, looks_like_awaiting_user,
 };
 pub use chanting::{CHANTING_NUDGE, ChantingDetector, MEAN_GAP_FACTOR};
+pub use model_checks::{
+    COMPLETION_INSTRUCTION, COMPLETION_QUESTION, LLM_LOOP_NUDGE, LOOP_CHECK_INSTRUCTION,
+    LOOP_CHECK_QUESTION, TASK_INCOMPLETE_NUDGE,
+};
 pub use progress::{ERROR_RATE_NUDGE, ErrorRateDetector, NO_PROGRESS_NUDGE, NoProgressDetector};
 pub use stuck::{STUCK_NUDGE, StuckDetector};
 pub use tool_calls::{MAX_TOOL_LOOP_THRESHOLD, ToolCallLoopDetector};
@@ -237,6 +244,10 @@ pub(crate) fn nudge_code(text: &str) -> &'static str {
         "no_progress"
     } else if text == PROCEED_NUDGE {
         "awaiting_user"
+    } else if text.starts_with(LLM_LOOP_NUDGE) {
+        "llm_loop_check"
+    } else if text.starts_with(TASK_INCOMPLETE_NUDGE) {
+        "task_incomplete"
     } else {
         "nudge"
     }

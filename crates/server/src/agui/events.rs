@@ -202,6 +202,19 @@ impl Run {
             } => {
                 out.push(self.tagged(json!({"type": "CUSTOM", "name": "model_fallback", "value": {"from_model": from_model, "to_model": to_model, "error": error}})));
             }
+            // A model judging the run: no AG-UI event says it either.
+            AgentEvent::ModelCheck {
+                code,
+                model_id,
+                step,
+                outcome,
+                confidence,
+                complete,
+                detail,
+                ..
+            } => {
+                out.push(self.tagged(json!({"type": "CUSTOM", "name": "model_check", "value": {"code": code, "model_id": model_id, "step": step, "outcome": outcome, "confidence": confidence, "complete": complete, "detail": detail}})));
+            }
             AgentEvent::RateLimited {
                 provider, wait_ms, ..
             } => {

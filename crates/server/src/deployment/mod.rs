@@ -596,6 +596,24 @@ impl Deployment {
                     ),
                 );
             }
+            for (j, condition) in agent.spec.stop_conditions.iter().enumerate() {
+                use rein::contract::lifecycle::StopConditionSpec;
+                let (StopConditionSpec::LlmLoopCheck { model_id, .. }
+                | StopConditionSpec::TaskComplete { model_id, .. }) = condition
+                else {
+                    continue;
+                };
+                if !self.models.contains_key(model_id) {
+                    error(
+                        &format!("agents[{i}].stop_conditions[{j}].model_id"),
+                        format!(
+                            "agent \"{id}\": the `{}` stop condition names unknown model \"{model_id}\"; known models: {}",
+                            condition.kind(),
+                            known(self.models.keys())
+                        ),
+                    );
+                }
+            }
             for (j, plugin) in agent.spec.plugin_ids.iter().enumerate() {
                 if !BUILT_IN_PLUGINS.contains(&plugin.as_str()) && !extras.plugins.contains(plugin)
                 {
