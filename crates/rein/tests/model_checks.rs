@@ -601,3 +601,63 @@ fn the_yaml_names_every_field_and_rejects_bad_values_where_they_are() {
         assert_eq!(error.line(), Some(1), "{yaml}: {error}");
     }
 }
+
+#[tokio::test]
+async fn replay_asks_the_judging_model_over_the_history_the_recording_shows() {
+    use rein::replay::{JsonlSink, REPLAY_TASK, read_recording, replay, replay_judged};
+    // Record a looping run that no condition watched.
+    let dir = std::env::temp_dir().join(format!("rein-model-checks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("recording.jsonl");
+    let _ = std::fs::remove_file(&path);
+    let (quiet, _) = judge(vec![verdict("unused", 0.0)]);
+    let rt = runtime(looping(), quiet, spec().with_max_rounds(5));
+    let sink = Arc::new(JsonlSink::create(&path).unwrap());
+    rt.run(user("t", "tidy up a.txt"), sink).await.unwrap();
+    let recording = read_recording(&std::fs::read_to_string(&path).unwrap()).unwrap();
+
+    // Replayed against an agent with a loop check.
+    let watched = spec().with_stop_condition(every_round(3, 1, 1, 1, 10, OnDetect::Stop));
+    let (judge, seen) = judge(vec![
+        verdict("not yet", 0.2),
+        verdict("the same echo again and again", 0.95),
+    ]);
+    let models = runtime(looping(), judge, watched.clone().with_model_id("m"))
+        .judging_models("agent")
+        .unwrap();
+    assert_eq!(models.len(), 1);
+    assert_eq!(models[0].model.id, "judge");
+    let runs = replay_judged(&watched, &recording, &models).await.unwrap();
+    let firings: Vec<(u32, &str, &str)> = runs[0]
+        .firings
+        .iter()
+        .map(|f| (f.round, f.code.as_str(), f.action.as_str()))
+        .collect();
+    assert_eq!(firings, [(4, "llm_loop_check", "stop")]);
+    assert!(
+        runs[0].firings[0]
+            .detail
+            .contains("the same echo again and again")
+    );
+    // Asked after rounds 3 and 4, then retired by its stop; what it read
+    // is what the events show, and it was told the request is missing.
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    let prompt = &seen[1].messages[0].content;
+    assert!(prompt.contains(REPLAY_TASK), "{prompt}");
+    assert_eq!(
+        prompt
+            .matches("[assistant called echo] {\"path\":\"a.txt\"}")
+            .count(),
+        4,
+        "{prompt}"
+    );
+    // Without its models, replay leaves the condition out.
+    assert!(replay(&watched, &recording)[0].firings.is_empty());
+    // One judging model per condition, or an error that says so.
+    let error = replay_judged(&watched, &recording, &[]).await.unwrap_err();
+    assert!(
+        error.contains("1 conditions a model judges, but 0"),
+        "{error}"
+    );
+}

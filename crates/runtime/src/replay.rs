@@ -41,15 +41,18 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use rein_runtime_contract::event::{AgentEvent, EventSink};
-use rein_runtime_contract::inference::InferenceResponse;
-use rein_runtime_contract::message::{ToolCall, ToolResult};
-use rein_runtime_contract::spec::AgentSpec;
+use rein_runtime_contract::inference::{InferenceResponse, LlmExecutor};
+use rein_runtime_contract::message::{Message, ToolCall, ToolResult};
+use rein_runtime_contract::spec::{AgentSpec, ModelSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::agent::{Agent, GuardItem};
 use crate::agent_loop::judge::{Act, Judge, Screened};
 use crate::detectors::Verdict;
+use crate::detectors::model_checks::{ModelCheck, ask};
 use crate::policies::StopPolicyStats;
 
 mod approval_report;
@@ -176,6 +179,131 @@ pub fn replay(spec: &AgentSpec, recording: &[Recorded]) -> Vec<RunReplay> {
         .collect()
 }
 
+/// A model that judges an agent's runs: the model of one of its
+/// `llm_loop_check` or `task_complete` conditions, with its provider's
+/// executor ([`AgentRuntime::judging_models`](crate::AgentRuntime::judging_models)).
+#[derive(Clone)]
+pub struct JudgingModel {
+    /// The model.
+    pub model: ModelSpec,
+    /// Its provider's executor.
+    pub executor: Arc<dyn LlmExecutor>,
+}
+
+impl std::fmt::Debug for JudgingModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JudgingModel")
+            .field("model", &self.model.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What replay tells a judging model in place of the user's request,
+/// which no event records.
+pub const REPLAY_TASK: &str = "(not in the recording: a replay sees the run's answers, tool calls, results and nudges, not the user's messages)";
+
+/// [`replay`], with the conditions a model judges (`llm_loop_check`,
+/// `task_complete`) evaluated too: `models` are their judging models, in
+/// the order the conditions are listed.
+///
+/// At each round's end where a check would be due, the judging model gets
+/// the history the events show — the run's answers, tool calls, results
+/// and nudges — and its firings join the others at that round. What replay
+/// cannot know: the user's request and the thread's earlier runs (no event
+/// carries them; the model is told so, [`REPLAY_TASK`]), what the judging
+/// model answered in the live run (it is asked again, now, and may answer
+/// differently), and the live run's token budget (a check is never
+/// skipped for cost). A check that fails is left out, logged. Each check
+/// is a real inference: it costs what the model charges.
+///
+/// # Errors
+///
+/// `models` does not hold one model per condition a model judges.
+///
+/// # Cancel safety
+///
+/// Dropping the future drops the check in flight; nothing is recorded.
+pub async fn replay_judged(
+    spec: &AgentSpec,
+    recording: &[Recorded],
+    models: &[JudgingModel],
+) -> Result<Vec<RunReplay>, String> {
+    let wanted = ModelCheck::all(&spec.stop_conditions, &spec.escalation).len();
+    if models.len() != wanted {
+        return Err(format!(
+            "agent \"{}\" lists {wanted} conditions a model judges, but {} judging models were given",
+            spec.id,
+            models.len()
+        ));
+    }
+    let mut runs = Vec::new();
+    for (id, events) in runs_of(spec, recording) {
+        let (mut run, judged) = Replayer::new(spec).rebuild(id, &events);
+        if let Some(judged) = judged {
+            let firings = judge_rounds(spec, &judged, models).await;
+            for firing in firings {
+                // After the round's other firings.
+                let at = run.firings.partition_point(|f| f.round <= firing.round);
+                run.firings.insert(at, firing);
+            }
+        }
+        runs.push(run);
+    }
+    Ok(runs)
+}
+
+/// The firings of the model checks over one rebuilt run.
+async fn judge_rounds(spec: &AgentSpec, judged: &Judged, models: &[JudgingModel]) -> Vec<Firing> {
+    let mut checks = ModelCheck::all(&spec.stop_conditions, &spec.escalation);
+    let mut retired = vec![false; checks.len()];
+    let mut report = Report {
+        firings: Vec::new(),
+        round: 0,
+        stopping: false,
+        another_round: false,
+    };
+    for end in &judged.ends {
+        report.round = end.round;
+        report.stopping = end.busy;
+        report.another_round = false;
+        for check in &mut checks {
+            if report.stopping
+                || report.another_round
+                || retired[check.index]
+                || !check.due(end.round, end.final_answer)
+            {
+                continue;
+            }
+            let model = &models[check.index];
+            let history = &judged.history[..end.len];
+            let request = check.request(end.round, history, REPLAY_TASK, &model.model);
+            let answer = match ask(&*model.executor, &request).await {
+                Ok(response) => check.parse(&response.text),
+                Err(error) => Err(format!("the model failed: {error}")),
+            };
+            let answer = match answer {
+                Ok(answer) => answer,
+                Err(problem) => {
+                    tracing::warn!(
+                        code = check.code(),
+                        model = model.model.id,
+                        round = end.round,
+                        problem,
+                        "replay: a model check failed; it is left out"
+                    );
+                    continue;
+                }
+            };
+            let (_, verdict) = check.judge(&model.model.id, &answer, end.final_answer);
+            if let Some(verdict) = verdict {
+                retired[check.index] |= matches!(verdict, Verdict::Stop(_));
+                report.act(verdict);
+            }
+        }
+    }
+    report.firings
+}
+
 /// The runs of `recording` that replay judges against `spec`, in the order
 /// they first appear, each with its events: sub-agent runs of another
 /// agent, and event groups that are not runs, are left out.
@@ -238,6 +366,30 @@ struct Replayer {
     /// order), with their times.
     results: Vec<(ToolResult, u64)>,
     open: bool,
+    /// For the conditions a model judges: the run's history as the events
+    /// show it, and where each round ended in it.
+    judged: Option<Judged>,
+}
+
+/// A recorded run's history as its events show it (answers, calls,
+/// results, nudges — not the user's input, which no event carries), and
+/// the rounds' ends in it.
+#[derive(Default)]
+struct Judged {
+    history: Vec<Message>,
+    ends: Vec<RoundEnd>,
+}
+
+/// Where a round ended, for the model checks due there.
+struct RoundEnd {
+    round: u32,
+    /// The answer called no tools.
+    final_answer: bool,
+    /// A stop or another round was already requested (the loop would not
+    /// send a check).
+    busy: bool,
+    /// The history's length then.
+    len: usize,
 }
 
 /// The firings of one run: how replay acts on the judge's verdicts.
@@ -303,10 +455,20 @@ impl Replayer {
             answered_at: None,
             results: Vec::new(),
             open: false,
+            judged: spec
+                .stop_conditions
+                .iter()
+                .any(|c| matches!(c.kind(), "llm_loop_check" | "task_complete"))
+                .then(Judged::default),
         }
     }
 
-    fn run(mut self, run_id: &str, events: &[&Recorded]) -> RunReplay {
+    fn run(self, run_id: &str, events: &[&Recorded]) -> RunReplay {
+        self.rebuild(run_id, events).0
+    }
+
+    /// Replays the run, and rebuilds its history when a model judges it.
+    fn rebuild(mut self, run_id: &str, events: &[&Recorded]) -> (RunReplay, Option<Judged>) {
         let start = events.first().map_or(0, |r| r.at_ms);
         let mut ended = None;
         for r in events {
@@ -350,6 +512,11 @@ impl Replayer {
                     };
                     self.results.push((result, at));
                 }
+                AgentEvent::Nudge { text, .. } => {
+                    if let Some(judged) = &mut self.judged {
+                        judged.history.push(Message::user(text.clone()));
+                    }
+                }
                 AgentEvent::InferenceRetry { error, .. } => {
                     // The round's attempt failed: no answer to judge.
                     self.open = false;
@@ -377,12 +544,13 @@ impl Replayer {
             }
         }
         self.end_round(events.last().map_or(0, |r| r.at_ms.saturating_sub(start)));
-        RunReplay {
+        let run = RunReplay {
             run_id: run_id.to_owned(),
             rounds: self.report.round,
             ended,
             firings: self.report.firings,
-        }
+        };
+        (run, self.judged)
     }
 
     /// Feeds the judge the round that is open, as the run loop does: the
@@ -419,19 +587,48 @@ impl Replayer {
         self.judge.guard(&self.guard, &self.stats, None, report);
         if response.tool_calls.is_empty() {
             self.judge.final_answer(&response.text, report);
-            return;
-        }
-        for (i, call) in response.tool_calls.iter().enumerate() {
-            if let Screened::Denied(denial) = self.judge.screen(i, call, report) {
-                self.judge.refuse(denial, report);
+        } else {
+            for (i, call) in response.tool_calls.iter().enumerate() {
+                if let Screened::Denied(denial) = self.judge.screen(i, call, report) {
+                    self.judge.refuse(denial, report);
+                }
             }
-        }
-        for (i, call) in response.tool_calls.iter().enumerate() {
-            if let Some((result, at)) = results.iter().find(|(r, _)| r.call_id == call.id) {
-                let at = Duration::from_millis(*at);
-                self.judge.tool_result(i, call, result, || at, report);
+            for (i, call) in response.tool_calls.iter().enumerate() {
+                if let Some((result, at)) = results.iter().find(|(r, _)| r.call_id == call.id) {
+                    let at = Duration::from_millis(*at);
+                    self.judge.tool_result(i, call, result, || at, report);
+                }
             }
+            self.judge.round_results(report);
         }
-        self.judge.round_results(report);
+        if let Some(judged) = &mut self.judged {
+            let final_answer = response.tool_calls.is_empty();
+            let InferenceResponse {
+                text, tool_calls, ..
+            } = response;
+            if final_answer {
+                if !text.is_empty() {
+                    judged.history.push(Message::assistant(text));
+                }
+            } else {
+                let calls = tool_calls.clone();
+                judged
+                    .history
+                    .push(Message::assistant_with_tools(text, tool_calls));
+                for call in &calls {
+                    if let Some((result, _)) = results.iter().find(|(r, _)| r.call_id == call.id) {
+                        judged
+                            .history
+                            .push(Message::tool(call.id.clone(), result.content.clone()));
+                    }
+                }
+            }
+            judged.ends.push(RoundEnd {
+                round: report.round,
+                final_answer,
+                busy: report.stopping || report.another_round,
+                len: judged.history.len(),
+            });
+        }
     }
 }

@@ -683,6 +683,24 @@ impl AgentRuntime {
         Some(&agent.spec)
     }
 
+    /// The judging models of agent `agent_id`'s `llm_loop_check` and
+    /// `task_complete` conditions, in list order (for
+    /// [`replay_judged`](crate::replay::replay_judged)); `None` for an
+    /// unknown agent.
+    pub fn judging_models(&self, agent_id: &str) -> Option<Vec<crate::replay::JudgingModel>> {
+        let agent = self.inner.agents.get(agent_id)?;
+        Some(
+            agent
+                .checks
+                .iter()
+                .map(|route| crate::replay::JudgingModel {
+                    model: route.model.clone(),
+                    executor: route.executor.clone(),
+                })
+                .collect(),
+        )
+    }
+
     /// Checks a request as starting it would, without starting it: the
     /// runtime is up, the agent exists, the input keeps the history valid,
     /// and the conversation is not empty (a thread with an active run is

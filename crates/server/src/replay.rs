@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use rein::registry_spec::AgentSpec;
-use rein::replay::{ApprovalReport, RunReplay, approvals, read_recording, replay};
+use rein::replay::{
+    ApprovalReport, JudgingModel, RunReplay, approvals, read_recording, replay, replay_judged,
+};
 use serde::Serialize;
 
 use crate::deployment::Deployment;
@@ -34,6 +36,10 @@ pub(crate) struct Report {
     /// Present when the agent has approval rules.
     #[serde(skip_serializing_if = "Option::is_none")]
     approvals: Option<ApprovalReport>,
+    /// Conditions the replay could not evaluate, each with why (the
+    /// conditions a model judges, replayed without their models).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    not_evaluated: Vec<String>,
 }
 
 /// How often each code fired over all runs.
@@ -46,18 +52,44 @@ pub(crate) struct Summary {
 }
 
 /// Replays `recordings` (each a name for errors and its JSON-lines text)
-/// against `spec`.
+/// against `spec`; with `models`, the judging models of its
+/// `llm_loop_check` and `task_complete` conditions, those are evaluated
+/// too (each check a real inference).
 ///
 /// # Errors
 ///
 /// A recording that does not parse, or approval rules that do not
 /// compile; the message names the recording.
-pub(crate) fn report(spec: &AgentSpec, recordings: &[(String, String)]) -> Result<Report, String> {
+pub(crate) async fn report(
+    spec: &AgentSpec,
+    recordings: &[(String, String)],
+    models: Option<&[JudgingModel]>,
+) -> Result<Report, String> {
     let mut runs = Vec::new();
     let mut approval_report: Option<ApprovalReport> = None;
+    let judged: Vec<&str> = spec
+        .stop_conditions
+        .iter()
+        .map(|c| c.kind())
+        .filter(|kind| matches!(*kind, "llm_loop_check" | "task_complete"))
+        .collect();
+    let not_evaluated = match models {
+        None if !judged.is_empty() => judged
+            .iter()
+            .map(|kind| {
+                format!("{kind}: a model judges it, and this replay has no models (replay with the deployment file that declares them)")
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     for (name, text) in recordings {
         let recording = read_recording(text).map_err(|message| format!("{name}: {message}"))?;
-        runs.extend(replay(spec, &recording));
+        match models {
+            Some(models) if !judged.is_empty() => {
+                runs.extend(replay_judged(spec, &recording, models).await?);
+            }
+            _ => runs.extend(replay(spec, &recording)),
+        }
         if !spec.approvals.is_empty() {
             let report = approvals(spec, &recording)
                 .map_err(|message| format!("agent \"{}\": {message}", spec.id))?;
@@ -86,6 +118,7 @@ pub(crate) fn report(spec: &AgentSpec, recordings: &[(String, String)]) -> Resul
         },
         runs,
         approvals: approval_report,
+        not_evaluated,
     })
 }
 
@@ -97,8 +130,8 @@ pub(crate) fn command(
     recordings: &[PathBuf],
     app: &crate::App,
 ) -> ExitCode {
-    let spec = match agent_spec(config, agent, app) {
-        Ok(spec) => spec,
+    let (spec, deployment) = match agent_spec(config, agent, app) {
+        Ok(found) => found,
         Err(message) => {
             eprintln!("rein: {message}");
             return ExitCode::FAILURE;
@@ -114,7 +147,31 @@ pub(crate) fn command(
             }
         }
     }
-    let report = match report(&spec, &texts) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("rein: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = runtime.block_on(async {
+        let models = match &deployment {
+            Some(deployment)
+                if spec
+                    .stop_conditions
+                    .iter()
+                    .any(|c| matches!(c.kind(), "llm_loop_check" | "task_complete")) =>
+            {
+                Some(judging_models(deployment, &spec.id)?)
+            }
+            _ => None,
+        };
+        report(&spec, &texts, models.as_deref()).await
+    });
+    let report = match report {
         Ok(report) => report,
         Err(message) => {
             eprintln!("rein: {message}");
@@ -133,6 +190,9 @@ pub(crate) fn command(
         print!("{}", table(&report.runs, &report.summary));
         if let Some(approvals) = &report.approvals {
             print!("{}", approvals_table(approvals));
+        }
+        for note in &report.not_evaluated {
+            println!("not evaluated: {note}");
         }
     }
     ExitCode::SUCCESS
@@ -208,9 +268,26 @@ fn approvals_table(report: &ApprovalReport) -> String {
     out
 }
 
+/// The judging models of agent `agent_id` of `deployment`: its runtime is
+/// built (no MCP server is started) for their executors.
+fn judging_models(deployment: &Deployment, agent_id: &str) -> Result<Vec<JudgingModel>, String> {
+    let runtime = crate::assemble::builder(deployment)
+        .map_err(|e| e.to_string())?
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime
+        .judging_models(agent_id)
+        .ok_or_else(|| format!("no agent \"{agent_id}\""))
+}
+
 /// The agent to evaluate: `config` is an agent spec, or a deployment file
-/// whose agent `agent` names (or its only agent).
-fn agent_spec(config: &Path, agent: Option<&str>, app: &crate::App) -> Result<AgentSpec, String> {
+/// whose agent `agent` names (or its only agent); the deployment too when
+/// it is one.
+fn agent_spec(
+    config: &Path,
+    agent: Option<&str>,
+    app: &crate::App,
+) -> Result<(AgentSpec, Option<Deployment>), String> {
     let text = std::fs::read_to_string(config)
         .map_err(|e| format!("{}: cannot read the file: {e}", config.display()))?;
     let is_deployment = serde_yaml::from_str::<serde_yaml::Value>(&text)
@@ -218,7 +295,9 @@ fn agent_spec(config: &Path, agent: Option<&str>, app: &crate::App) -> Result<Ag
         .and_then(|v| v.get("agents").cloned())
         .is_some();
     if !is_deployment {
-        return rein::config::load_agent_spec_file(config).map_err(|e| e.to_string());
+        return rein::config::load_agent_spec_file(config)
+            .map(|spec| (spec, None))
+            .map_err(|e| e.to_string());
     }
     let deployment = Deployment::load_with(config, &app.extras()).map_err(|e| e.to_string())?;
     let known = || {
@@ -229,7 +308,7 @@ fn agent_spec(config: &Path, agent: Option<&str>, app: &crate::App) -> Result<Ag
             .collect::<Vec<_>>()
             .join(", ")
     };
-    match agent {
+    let spec = match agent {
         Some(id) => deployment
             .agent(id)
             .map(|a| a.spec.clone())
@@ -241,5 +320,6 @@ fn agent_spec(config: &Path, agent: Option<&str>, app: &crate::App) -> Result<Ag
             deployment.agents.len(),
             known()
         )),
-    }
+    }?;
+    Ok((spec, Some(deployment)))
 }

@@ -616,6 +616,70 @@ approvals:
 }
 
 #[test]
+fn replay_asks_the_deployment_s_judging_model_and_says_when_it_has_none() {
+    // The committed recording: agent a calling `lookup` six times.
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/loop-recording.jsonl");
+    let deployment = file(
+        "replay-judged",
+        "providers:\n  p: { kind: scripted, responses: [ fine ] }\n  judge: { kind: scripted, responses: [ '{\"reasoning\": \"lookup of rust, six times\", \"confidence\": 0.97}' ] }\nmodels:\n  m: { provider: p, model: x }\n  judge: { provider: judge, model: j }\nagents:\n  - id: a\n    model_id: m\n    stop_conditions: [ { type: llm_loop_check, model_id: judge, after_rounds: 4, interval: 1 } ]\n",
+    );
+    let out = rein()
+        .args(["replay", "--json", "--config"])
+        .arg(&deployment)
+        .arg(&fixture)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let firings = json["runs"][0]["firings"].as_array().unwrap();
+    let judged: Vec<&serde_json::Value> = firings
+        .iter()
+        .filter(|f| f["code"] == "llm_loop_check")
+        .collect();
+    assert_eq!(judged.len(), 1, "{json}");
+    assert_eq!(judged[0]["round"], 4, "{json}");
+    assert_eq!(judged[0]["action"], "stop", "{json}");
+    assert!(
+        judged[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("lookup of rust, six times"),
+        "{json}"
+    );
+    assert!(json.get("not_evaluated").is_none(), "{json}");
+
+    // The agent's spec alone names no models: the condition is listed as
+    // not evaluated, and the rest of the replay stands.
+    let agent = deployment.parent().unwrap().join("agent.yaml");
+    std::fs::write(
+        &agent,
+        "id: a\nstop_conditions:\n  - { type: llm_loop_check, model_id: judge }\n  - { type: tool_call_loop, threshold: 3 }\n",
+    )
+    .unwrap();
+    let out = rein()
+        .args(["replay", "--config"])
+        .arg(&agent)
+        .arg(&fixture)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{table}");
+    assert!(
+        table.contains("round   3  tool_call_loop     stop"),
+        "{table}"
+    );
+    assert!(
+        table.contains("not evaluated: llm_loop_check: a model judges it"),
+        "{table}"
+    );
+}
+
+#[test]
 fn replay_reports_per_tool_and_per_rule_what_the_approval_rules_would_have_done_to_recorded_calls()
 {
     // A hand-written recording: calls that ran, a held call rejected, a

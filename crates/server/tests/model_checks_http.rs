@@ -93,3 +93,26 @@ fn a_judging_model_the_deployment_does_not_declare_is_refused_at_load() {
     );
     assert!(error.contains(":19:"), "the line of the model_id: {error}");
 }
+
+#[tokio::test]
+async fn post_replay_asks_the_agent_s_judging_model() {
+    let server = Server::start(YAML).await;
+    let fixture = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/loop-recording.jsonl"),
+    )
+    .unwrap();
+    let (status, report) = server
+        .post(
+            "/v1/replay",
+            json!({"agent_id": "looper", "recording": fixture}),
+        )
+        .await;
+    assert_eq!(status, 200, "{report}");
+    let firings = report["runs"][0]["firings"].as_array().unwrap();
+    assert_eq!(firings.len(), 1, "{report}");
+    assert_eq!(firings[0]["code"], "llm_loop_check", "{report}");
+    assert_eq!(firings[0]["round"], 3, "{report}");
+    assert_eq!(firings[0]["action"], "stop", "{report}");
+    assert!(report.get("not_evaluated").is_none(), "{report}");
+    server.stop().await;
+}

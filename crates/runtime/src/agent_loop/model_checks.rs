@@ -23,19 +23,15 @@
 //! Only a cancel of the run ends it: the check is dropped at once.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use rein_runtime_contract::event::AgentEvent;
-use rein_runtime_contract::inference::{
-    InferenceError, InferenceRequest, InferenceResponse, LlmExecutor, ResponseFormat,
-};
 use rein_runtime_contract::lifecycle::TerminationReason;
 use rein_runtime_contract::message::{CacheUsage, TokenUsage};
 
 use super::judge::Act;
 use super::{Run, interrupted};
-use crate::detectors::model_checks::{Answer, ModelCheck, Outcome};
+use crate::detectors::model_checks::{Answer, ModelCheck, Outcome, ask, task_of};
 use crate::policies::{StopStatsKey, add_usage};
 
 /// A run's model-judged conditions.
@@ -159,7 +155,13 @@ impl Run {
         task_from: usize,
     ) -> Result<Report, TerminationReason> {
         let route = self.agent.checks[check.index].clone();
-        let request = check.request(self.steps, &self.request.messages, task_from, &route.model);
+        let history = &self.request.messages;
+        let request = check.request(
+            self.steps,
+            history,
+            task_of(history, task_from),
+            &route.model,
+        );
         let reserve = u64::from(request.max_output_tokens.unwrap_or_default());
         let need = self.agent.measure.calibration.estimate(&request) + reserve;
         if let Some(budget) = self.token_budget {
@@ -198,28 +200,7 @@ impl Run {
             None => None,
         };
         let executor = route.executor.clone();
-        // Two attempts, as Gemini CLI makes; the second in JSON mode, for
-        // providers that refuse the JSON-schema response format.
-        let work = async {
-            match attempt(&*executor, &request).await {
-                Ok(response) => Ok(response),
-                Err(first) => {
-                    let mut plain = request.clone();
-                    plain.response_format = plain
-                        .response_format
-                        .map(|f| ResponseFormat::JsonObject(Arc::new(f.schema().clone())));
-                    attempt(&*executor, &plain).await.map_err(|second| {
-                        InferenceError::new(
-                            second.kind(),
-                            format!(
-                                "{} (and with the response schema: {first})",
-                                second.message()
-                            ),
-                        )
-                    })
-                }
-            }
-        };
+        let work = ask(&*executor, &request);
         let outcome = tokio::select! {
             biased;
             _ = interrupted(&self.control) => {
@@ -289,19 +270,6 @@ impl Run {
             pool.settle(reserved, spent);
         }
     }
-}
-
-/// One inference, streamed to its end.
-async fn attempt(
-    executor: &dyn LlmExecutor,
-    request: &InferenceRequest,
-) -> Result<InferenceResponse, InferenceError> {
-    let mut stream = executor.open(request).await?;
-    let mut response = InferenceResponse::default();
-    while let Some(delta) = stream.next().await {
-        response.apply(delta?);
-    }
-    Ok(response)
 }
 
 fn skipped(detail: String) -> Report {

@@ -29,8 +29,11 @@
 
 use std::sync::{Arc, LazyLock};
 
+use futures::StreamExt;
 use rein_runtime_contract::escalation::{EscalationAction, EscalationStep, Ladder};
-use rein_runtime_contract::inference::{InferenceRequest, ResponseFormat};
+use rein_runtime_contract::inference::{
+    InferenceError, InferenceRequest, InferenceResponse, LlmExecutor, ResponseFormat,
+};
 use rein_runtime_contract::lifecycle::{StopConditionSpec, StoppedReason};
 use rein_runtime_contract::message::{Message, Role};
 use rein_runtime_contract::spec::ModelSpec;
@@ -267,13 +270,13 @@ impl ModelCheck {
     }
 
     /// The request for `model` after round `round` of a run whose history
-    /// is `messages` (the user's task is the first user message from
-    /// `task_from` on). Counts the check as made.
+    /// is `messages` and whose user's task is `task`. Counts the check as
+    /// made.
     pub(crate) fn request(
         &mut self,
         round: u32,
         messages: &[Message],
-        task_from: usize,
+        task: &str,
         model: &ModelSpec,
     ) -> InferenceRequest {
         self.made += 1;
@@ -288,13 +291,6 @@ impl ModelCheck {
                 &COMPLETION_SCHEMA,
             ),
         };
-        let task = messages
-            .get(task_from..)
-            .unwrap_or_default()
-            .iter()
-            .chain(messages)
-            .find(|m| m.role == Role::User)
-            .map_or("", |m| m.content.as_str());
         let prompt = format!(
             "<user_request>\n{}\n</user_request>\n\n<recent_history>\n{}</recent_history>\n\n{question}",
             crate::detectors::snippet(task, MAX_MESSAGE_CHARS),
@@ -445,6 +441,62 @@ pub(crate) fn parse_answer(text: &str, completion: bool) -> Result<Answer, Strin
     })
 }
 
+/// Sends a check's `request` to `executor` and reads the whole answer.
+/// Two attempts, as Gemini CLI makes: after an error the request goes
+/// again in JSON mode with the schema alongside, for providers that refuse
+/// the JSON-schema response format.
+///
+/// # Cancel safety
+///
+/// Dropping the future drops the request in flight; nothing else is kept.
+pub(crate) async fn ask(
+    executor: &dyn LlmExecutor,
+    request: &InferenceRequest,
+) -> Result<InferenceResponse, InferenceError> {
+    let first = match attempt(executor, request).await {
+        Ok(response) => return Ok(response),
+        Err(first) => first,
+    };
+    let mut plain = request.clone();
+    plain.response_format = plain
+        .response_format
+        .map(|f| ResponseFormat::JsonObject(Arc::new(f.schema().clone())));
+    attempt(executor, &plain).await.map_err(|second| {
+        InferenceError::new(
+            second.kind(),
+            format!(
+                "{} (and with the response schema: {first})",
+                second.message()
+            ),
+        )
+    })
+}
+
+/// One inference, streamed to its end.
+async fn attempt(
+    executor: &dyn LlmExecutor,
+    request: &InferenceRequest,
+) -> Result<InferenceResponse, InferenceError> {
+    let mut stream = executor.open(request).await?;
+    let mut response = InferenceResponse::default();
+    while let Some(delta) = stream.next().await {
+        response.apply(delta?);
+    }
+    Ok(response)
+}
+
+/// The user's task in `messages`: the first user message from `from` on
+/// (a run's input starts there), else the first of all; empty if none.
+pub(crate) fn task_of(messages: &[Message], from: usize) -> &str {
+    messages
+        .get(from..)
+        .unwrap_or_default()
+        .iter()
+        .chain(messages)
+        .find(|m| m.role == Role::User)
+        .map_or("", |m| m.content.as_str())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,7 +566,7 @@ mod tests {
             "a final answer ends the run: no loop check"
         );
         assert!(check.due(30, false));
-        let _ = check.request(30, &[Message::user("task")], 0, &model);
+        let _ = check.request(30, &[Message::user("task")], "task", &model);
         assert!(!check.due(39, false));
         assert!(check.due(40, false), "the first interval is 10");
         let low = Answer {
@@ -522,7 +574,7 @@ mod tests {
             confidence: 0.1,
             complete: None,
         };
-        let _ = check.request(40, &[], 0, &model);
+        let _ = check.request(40, &[], "task", &model);
         assert_eq!(check.judge("judge", &low, false), (Outcome::Clear, None));
         // round(5 + 10 × 0.9) = 14 rounds until the next check.
         assert!(!check.due(53, false));
@@ -532,7 +584,7 @@ mod tests {
             confidence: 0.95,
             complete: None,
         };
-        let _ = check.request(54, &[], 0, &model);
+        let _ = check.request(54, &[], "task", &model);
         let (outcome, verdict) = check.judge("judge", &high, false);
         assert_eq!(outcome, Outcome::Detected);
         match verdict {

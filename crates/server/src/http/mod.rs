@@ -306,9 +306,15 @@ async fn replay_recording(
             },
         ));
     };
-    crate::replay::report(spec, &[("the recording".to_owned(), body.recording)])
-        .map(Json)
-        .map_err(|message| ApiError::new(422, "invalid_recording", message))
+    let models = runtime.judging_models(&spec.id);
+    crate::replay::report(
+        spec,
+        &[("the recording".to_owned(), body.recording)],
+        models.as_deref(),
+    )
+    .await
+    .map(Json)
+    .map_err(|message| ApiError::new(422, "invalid_recording", message))
 }
 
 async fn agents(State(service): State<Service>) -> Json<Vec<AgentView>> {
