@@ -661,3 +661,53 @@ async fn replay_asks_the_judging_model_over_the_history_the_recording_shows() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn long_batch_work_over_different_files_reaches_the_judge_with_its_arguments_and_runs_on() {
+    // Gemini CLI's users report batch work judged a loop. The judge can
+    // only tell batch work apart if it sees the request and each call's
+    // arguments: this judge answers from exactly that.
+    let agent = ScriptedExecutor::from_fn(|request| {
+        let done = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .count();
+        if done < 12 {
+            ScriptedResponse::tool_call("echo", json!({ "path": format!("src/f{done}.rs") }))
+        } else {
+            ScriptedResponse::text("Added the header to all 12 files.")
+        }
+    });
+    let judge = ScriptedExecutor::from_fn(|request| {
+        let prompt = &request.messages[0].content;
+        let batch = prompt.contains("to every file");
+        let paths: std::collections::BTreeSet<&str> = prompt
+            .match_indices("src/f")
+            .map(|(at, _)| &prompt[at..at + 8])
+            .collect();
+        let confidence = if batch && paths.len() >= 3 {
+            0.05
+        } else {
+            0.95
+        };
+        verdict("one call per file", confidence)
+    });
+    let spec =
+        spec()
+            .with_max_rounds(40)
+            .with_stop_condition(every_round(4, 2, 2, 4, 10, OnDetect::Stop));
+    let rt = runtime(agent, judge, spec);
+    let sink = Arc::new(CollectingSink::new());
+    let result = rt
+        .run(
+            user("t", "Add the license header to every file in src/."),
+            sink.clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    let made = checks(&sink.events());
+    assert!(made.len() >= 3, "{made:?}");
+    assert!(made.iter().all(|c| c.2 == "clear"), "{made:?}");
+}
