@@ -229,8 +229,8 @@ pub mod context {
     #[cfg(feature = "tiktoken")]
     pub use rein_runtime::context::TiktokenCounter;
     pub use rein_runtime::context::{
-        ArtifactError, ArtifactStore, Calibration, DirArtifactStore, InMemoryArtifactStore,
-        READ_ARTIFACT, ReadArtifact, TokenCounter, tokens,
+        ArtifactError, ArtifactStore, COMPACTED_KEY, Calibration, DirArtifactStore,
+        InMemoryArtifactStore, READ_ARTIFACT, ReadArtifact, TokenCounter, tokens,
     };
     pub use rein_runtime_contract::context::{
         CompactPolicy, ContextPolicy, DEFAULT_SUMMARY_PROMPT, MAX_WINDOW_TOKENS, OffloadPolicy,

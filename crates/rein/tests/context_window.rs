@@ -292,7 +292,13 @@ async fn over_summarize_at_older_rounds_are_replaced_by_a_summary_counted_in_usa
         result.usage.input_tokens >= 500,
         "the summary's usage counts"
     );
-    assert_eq!(summaries.len(), 1, "one summary; later rounds fit");
+    // Written from the full results (not their references), one summary
+    // takes fewer rounds than the view would suggest: at most two passes.
+    assert!(
+        summaries.len() <= 2,
+        "later rounds fit: {}",
+        summaries.len()
+    );
 
     let seen = seen.lock().unwrap().clone();
     let agent_requests: Vec<&InferenceRequest> = seen
@@ -1063,4 +1069,319 @@ fn a_summary_threshold_below_the_compaction_threshold_is_refused_where_context_s
     assert!(e.line().is_some() && e.column().is_some(), "{e}");
     assert!(e.message().contains("summarize.at"), "{e}");
     assert!(e.message().contains("compact.at"), "{e}");
+}
+
+/// Writes a file (nothing really): its calls carry the whole content, and
+/// its compact form keeps only the path.
+struct WriteFile;
+
+#[async_trait::async_trait]
+impl Tool for WriteFile {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("write_file", "writes a file")
+    }
+    async fn execute(&self, args: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::text(format!("wrote {}", args["path"])))
+    }
+    fn compact_call(&self) -> Option<Vec<String>> {
+        Some(vec!["path".to_owned()])
+    }
+}
+
+/// A write of file `n`, about 4 000 characters of content.
+fn write(n: usize) -> ScriptedResponse {
+    ScriptedResponse::tool_call(
+        "write_file",
+        json!({"path": format!("src/f{n}.rs"), "content": format!("// file {n}\n{}", "let x = 1;\n".repeat(360))}),
+    )
+}
+
+/// Whether `call` is in its compact form.
+fn compacted(call: &ToolCall) -> bool {
+    call.arguments.get(rein::context::COMPACTED_KEY).is_some()
+}
+
+#[tokio::test]
+async fn old_calls_keep_only_their_compact_form_and_read_artifact_gives_the_whole_arguments_back() {
+    let (executor, seen) = recording(|n, request| {
+        if n < 6 {
+            return write(n);
+        }
+        if n == 6 {
+            // Read back what the first compacted call dropped.
+            let id = request
+                .messages
+                .iter()
+                .flat_map(|m| &m.tool_calls)
+                .find_map(|c| {
+                    let text = c.arguments.get(rein::context::COMPACTED_KEY)?.as_str()?;
+                    let start = text.find("artifact \"")? + "artifact \"".len();
+                    Some(text[start..start + text[start..].find('"')?].to_owned())
+                })
+                .unwrap_or_default();
+            return ScriptedResponse::tool_call("read_artifact", json!({ "id": id }));
+        }
+        ScriptedResponse::text("done")
+    });
+    let policy = ContextPolicy::new(6_000).with_compact(0.5, 1);
+    let store = Arc::new(InMemoryThreadStore::new());
+    let sink = Arc::new(CollectingSink::new());
+    let runtime = builder_with(executor, spec().with_context(policy))
+        .with_tool("write_file", Arc::new(WriteFile))
+        .with_thread_store(store.clone())
+        .build()
+        .unwrap();
+    let result = runtime.run(user("t", "go"), sink.clone()).await.unwrap();
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+
+    let seen = seen.lock().unwrap().clone();
+    let before_read = &seen[6];
+    let calls: Vec<&ToolCall> = before_read
+        .messages
+        .iter()
+        .flat_map(|m| &m.tool_calls)
+        .collect();
+    assert_eq!(calls.len(), 6);
+    // The old calls keep the path and a reference; the last round's call
+    // is whole.
+    let old = calls[0];
+    assert!(compacted(old), "{:?}", old.arguments);
+    assert_eq!(old.arguments["path"], "src/f0.rs");
+    assert!(old.arguments.get("content").is_none());
+    let reference = old.arguments[rein::context::COMPACTED_KEY]
+        .as_str()
+        .unwrap();
+    assert!(
+        reference.contains("arguments content offloaded to artifact")
+            && reference.contains(".arguments\""),
+        "{reference}"
+    );
+    assert!(!compacted(calls[5]), "the last round is left whole");
+    assert_history_valid(&before_read.messages);
+    // read_artifact gives the whole arguments back.
+    let read = &seen[7].messages.last().unwrap().content;
+    assert!(
+        read.contains("\"path\":\"src/f0.rs\"") && read.contains("// file 0"),
+        "{read}"
+    );
+    // A compaction counted calls as references too, and the store keeps
+    // every call whole.
+    let references: u32 = sink
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::ContextCompacted { references, .. } => Some(*references),
+            _ => None,
+        })
+        .sum();
+    assert!(references >= 2, "{references}");
+    let history = store.load("t").await.unwrap();
+    assert!(
+        history
+            .iter()
+            .flat_map(|m| &m.tool_calls)
+            .all(|c| c.name != "write_file" || c.arguments.get("content").is_some())
+    );
+}
+
+#[tokio::test]
+async fn a_policy_rule_gives_a_tool_without_one_a_compact_form_and_an_unknown_tool_is_refused() {
+    let (executor, seen) = recording(|n, _| {
+        if n < 5 {
+            ScriptedResponse::tool_call("big", json!({"n": n, "note": "x".repeat(3000)}))
+        } else {
+            ScriptedResponse::text("done")
+        }
+    });
+    let compact = rein::context::CompactPolicy::new(0.5, 1).with_call("big", ["n"]);
+    let policy = ContextPolicy::new(12_000).with_compact_policy(compact);
+    let (result, _) = run_with(executor, policy).await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    let seen = seen.lock().unwrap().clone();
+    let last = seen.last().unwrap();
+    let first_call = last
+        .messages
+        .iter()
+        .flat_map(|m| &m.tool_calls)
+        .next()
+        .unwrap();
+    assert!(compacted(first_call), "{:?}", first_call.arguments);
+    assert_eq!(first_call.arguments["n"], 0);
+    assert!(first_call.arguments.get("note").is_none());
+
+    let compact = rein::context::CompactPolicy::new(0.5, 1).with_call("writ_file", ["path"]);
+    let error = builder_with(
+        ScriptedExecutor::new(vec![]),
+        spec().with_context(ContextPolicy::new(12_000).with_compact_policy(compact)),
+    )
+    .with_tool("big", Arc::new(Big(1)))
+    .build()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("compact.calls names tool \"writ_file\", which the agent does not have; its tools: big, read_artifact"),
+        "{error}"
+    );
+}
+
+/// The requests of a run that reads eight listings under `compact`.
+async fn listings_under(
+    compact: rein::context::CompactPolicy,
+) -> (Vec<InferenceRequest>, Vec<u32>) {
+    let (executor, seen) = recording(|n, _| {
+        if n < 8 {
+            ScriptedResponse::tool_call("big", json!({"n": n}))
+        } else {
+            ScriptedResponse::text("done")
+        }
+    });
+    let (result, events) = run_with(
+        executor,
+        ContextPolicy::new(12_000).with_compact_policy(compact),
+    )
+    .await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    let steps = events
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::ContextCompacted { references, .. } => Some(*references),
+            _ => None,
+        })
+        .collect();
+    let seen = seen.lock().unwrap().clone();
+    (seen, steps)
+}
+
+#[tokio::test]
+async fn with_a_fraction_compaction_turns_the_oldest_share_first_and_stops_once_under_the_threshold()
+ {
+    let (seen, steps) =
+        listings_under(rein::context::CompactPolicy::new(0.5, 1).with_fraction(0.5)).await;
+    assert!(!steps.is_empty());
+    // Each step turns half of what it can (rounded up), oldest first: a
+    // later request still holds an old listing whole while an older one is
+    // a reference.
+    let mixed = seen.iter().any(|r| {
+        let tools: Vec<&Message> = r.messages.iter().filter(|m| m.role == Role::Tool).collect();
+        tools.len() > 2 && is_reference(tools[0]) && !is_reference(tools[tools.len() - 2])
+    });
+    assert!(mixed, "steps: {steps:?}");
+    for request in &seen {
+        assert_history_valid(&request.messages);
+        // References are always the oldest results.
+        let flags: Vec<bool> = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .map(is_reference)
+            .collect();
+        assert!(flags.windows(2).all(|w| w[0] || !w[1]), "{flags:?}");
+    }
+}
+
+/// Tokens a prompt cache could reuse over a run: each request's prefix in
+/// common with the one before, in characters / 4.
+fn cached_and_sent(seen: &[InferenceRequest]) -> (usize, usize, usize) {
+    let size = |m: &Message| {
+        m.content.len()
+            + m.tool_calls
+                .iter()
+                .map(|c| c.arguments.to_string().len())
+                .sum::<usize>()
+    };
+    let mut cached = 0;
+    let mut sent = 0;
+    let mut rewrites = 0;
+    for (i, request) in seen.iter().enumerate() {
+        sent += request.messages.iter().map(size).sum::<usize>() / 4;
+        if i == 0 {
+            continue;
+        }
+        let before = &seen[i - 1].messages;
+        let common = request
+            .messages
+            .iter()
+            .zip(before.iter())
+            .take_while(|(a, b)| a == b)
+            .count();
+        if common < before.len() {
+            rewrites += 1;
+        }
+        cached += request.messages[..common].iter().map(size).sum::<usize>() / 4;
+    }
+    (cached, sent, rewrites)
+}
+
+#[tokio::test]
+async fn all_at_once_rewrites_the_prompt_less_often_than_half_at_a_time() {
+    // The measurement behind `compact.fraction`'s default (docs/context.md):
+    // run with `--nocapture` to see the figures.
+    let (all, steps_all) = listings_under(rein::context::CompactPolicy::new(0.5, 1)).await;
+    let (half, steps_half) =
+        listings_under(rein::context::CompactPolicy::new(0.5, 1).with_fraction(0.5)).await;
+    let (cached_all, sent_all, rewrites_all) = cached_and_sent(&all);
+    let (cached_half, sent_half, rewrites_half) = cached_and_sent(&half);
+    println!(
+        "fraction 1.0: {} steps, {rewrites_all} prefix rewrites, {sent_all} tokens sent, {cached_all} cacheable ({:.0} %)",
+        steps_all.len(),
+        100.0 * cached_all as f64 / sent_all as f64
+    );
+    println!(
+        "fraction 0.5: {} steps, {rewrites_half} prefix rewrites, {sent_half} tokens sent, {cached_half} cacheable ({:.0} %)",
+        steps_half.len(),
+        100.0 * cached_half as f64 / sent_half as f64
+    );
+    assert!(
+        rewrites_all <= rewrites_half,
+        "{rewrites_all} > {rewrites_half}"
+    );
+    assert!(
+        cached_all * sent_half >= cached_half * sent_all,
+        "a larger cacheable share all at once"
+    );
+}
+
+#[tokio::test]
+async fn a_summary_is_written_from_the_full_results_not_their_references() {
+    const SUMMARY: &str = "SUMMARY: listings were read.";
+    let (executor, seen) = recording(move |n, request| {
+        if request.system.as_deref() == Some(rein::context::DEFAULT_SUMMARY_PROMPT) {
+            return ScriptedResponse::text(SUMMARY);
+        }
+        if n < 6 {
+            ScriptedResponse::text("thinking ".repeat(600)).with_tool_call("big", json!({"n": n}))
+        } else {
+            ScriptedResponse::text("done")
+        }
+    });
+    // Every listing is offloaded as it arrives: the view only ever holds
+    // references.
+    let policy = ContextPolicy::new(10_000)
+        .with_offload(100)
+        .with_compact(0.5, 1)
+        .with_summarize(SummarizePolicy::new(0.6));
+    let (result, _) = run_with(executor, policy).await;
+    assert_eq!(result.termination, TerminationReason::NaturalEnd);
+    let seen = seen.lock().unwrap().clone();
+    let summary = seen
+        .iter()
+        .find(|r| r.system.as_deref() == Some(rein::context::DEFAULT_SUMMARY_PROMPT))
+        .expect("a summary was asked for");
+    let transcript = &summary.messages[0].content;
+    assert!(
+        transcript.contains("line 0001: the quick brown fox"),
+        "the full listing: {}",
+        &transcript[..transcript.len().min(600)]
+    );
+    // Each result is its full text (cut past a quarter of the budget, with
+    // the reference after it), never a reference alone.
+    for line in transcript
+        .lines()
+        .filter(|l| l.starts_with("[tool result] "))
+    {
+        assert!(
+            line.starts_with("[tool result] line 0001"),
+            "not the references: {line}"
+        );
+    }
 }

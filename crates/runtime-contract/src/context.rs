@@ -9,7 +9,10 @@
 //!   artifact store and shown to the model as a short reference with a
 //!   preview; the built-in `read_artifact` tool reads the rest;
 //! - **compact**: over `compact.at` of the usable window, older tool results
-//!   (outside the last `keep_last_rounds` rounds) become references too;
+//!   (outside the last `keep_last_rounds` rounds) become references too,
+//!   and older calls of tools with a compact form keep only the arguments
+//!   it names (the rest become a reference); `compact.fraction` of them per
+//!   step, oldest first, until the prompt is under `compact.at`;
 //! - **summarize**: still over `summarize.at`, older rounds are replaced by
 //!   a summary the model writes.
 //!
@@ -100,10 +103,13 @@ impl ContextPolicy {
     /// Compacts at `at` of the usable window, keeping the last
     /// `keep_last_rounds` rounds whole.
     pub fn with_compact(mut self, at: f64, keep_last_rounds: usize) -> Self {
-        self.compact = Some(CompactPolicy {
-            at,
-            keep_last_rounds,
-        });
+        self.compact = Some(CompactPolicy::new(at, keep_last_rounds));
+        self
+    }
+
+    /// Compacts as `compact` says (its fraction per step, its call forms).
+    pub fn with_compact_policy(mut self, compact: CompactPolicy) -> Self {
+        self.compact = Some(compact);
         self
     }
 
@@ -155,6 +161,19 @@ impl ContextPolicy {
                 ));
             }
         }
+        if let Some(c) = &self.compact {
+            if !(c.fraction > 0.0 && c.fraction <= 1.0) {
+                return Err(format!(
+                    "compact.fraction is {}; it must be a share above 0 and at most 1",
+                    c.fraction
+                ));
+            }
+            if let Some(tool) = c.calls.keys().find(|t| t.trim().is_empty()) {
+                return Err(format!(
+                    "compact.calls has an empty tool name ({tool:?}); name the tool whose calls keep the listed arguments"
+                ));
+            }
+        }
         if let (Some(c), Some(s)) = (&self.compact, &self.summarize)
             && s.at < c.at
         {
@@ -187,6 +206,53 @@ pub struct CompactPolicy {
     /// The most recent rounds left whole. Default 2.
     #[serde(default = "default_keep_last_rounds")]
     pub keep_last_rounds: usize,
+    /// The share of what can be compacted that one step compacts, oldest
+    /// first; another step follows only while the prompt is still over
+    /// `at`. Default 1: everything at once (see docs/context.md for why).
+    #[serde(default = "default_fraction")]
+    pub fraction: f64,
+    /// Compact forms of calls, by tool name: the argument keys an old
+    /// call keeps when it is compacted (the rest go to the artifact store
+    /// with a reference). Added to, and over, what the tools themselves
+    /// declare (`Tool::compact_call`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub calls: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl CompactPolicy {
+    /// Compaction at `at` of the usable window, keeping the last
+    /// `keep_last_rounds` rounds whole, everything at once, with no call
+    /// forms beyond the tools' own.
+    pub fn new(at: f64, keep_last_rounds: usize) -> Self {
+        Self {
+            at,
+            keep_last_rounds,
+            fraction: default_fraction(),
+            calls: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// Compacts `fraction` of what can be, oldest first, per step.
+    pub fn with_fraction(mut self, fraction: f64) -> Self {
+        self.fraction = fraction;
+        self
+    }
+
+    /// An old call of `tool` keeps only the arguments `keep` when
+    /// compacted.
+    pub fn with_call(
+        mut self,
+        tool: impl Into<String>,
+        keep: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        self.calls
+            .insert(tool.into(), keep.into_iter().map(Into::into).collect());
+        self
+    }
+}
+
+fn default_fraction() -> f64 {
+    1.0
 }
 
 /// `summarize:` — over `at` of the usable window, older rounds are
@@ -277,6 +343,10 @@ struct RawCompact {
     at: Fraction,
     #[serde(default)]
     keep_last_rounds: Option<usize>,
+    #[serde(default)]
+    fraction: Option<Fraction>,
+    #[serde(default)]
+    calls: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -304,6 +374,8 @@ impl TryFrom<RawPolicy> for ContextPolicy {
             compact: raw.compact.map(|c| CompactPolicy {
                 at: c.at.0,
                 keep_last_rounds: c.keep_last_rounds.unwrap_or_else(default_keep_last_rounds),
+                fraction: c.fraction.map_or_else(default_fraction, |f| f.0),
+                calls: c.calls,
             }),
             summarize: raw.summarize.map(|s| SummarizePolicy {
                 at: s.at.0,
@@ -414,6 +486,28 @@ mod tests {
             e.contains("summarize.at (0.5) is below compact.at (0.8)"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn compact_reads_its_fraction_and_call_forms_from_yaml_and_checks_the_fraction() {
+        let policy: ContextPolicy = serde_yaml::from_str(
+            "window_tokens: 8192\ncompact: { at: 0.7, fraction: 0.5, calls: { fs__write_file: [path] } }\n",
+        )
+        .unwrap();
+        let compact = policy.compact.unwrap();
+        assert_eq!(compact.fraction, 0.5);
+        assert_eq!(compact.calls["fs__write_file"], vec!["path".to_owned()]);
+        let e = serde_yaml::from_str::<ContextPolicy>(
+            "window_tokens: 8192\ncompact: { at: 0.7, fraction: 0 }\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("above 0 and at most 1"), "{e}");
+        let e = ContextPolicy::new(4096)
+            .with_compact_policy(CompactPolicy::new(0.7, 1).with_fraction(1.5))
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("compact.fraction is 1.5"), "{e}");
     }
 
     #[test]

@@ -172,6 +172,16 @@ pub trait Tool: Send + Sync {
     fn read_only(&self) -> bool {
         false
     }
+
+    /// The compact form of this tool's calls: the argument keys an old
+    /// call keeps when the agent's context policy compacts it (a
+    /// `write_file` keeps `["path"]` and drops the content); the other
+    /// arguments go to the artifact store, replaced by a reference that
+    /// `read_artifact` reads. `None` (the default): old calls keep their
+    /// arguments. An agent's `compact.calls` rule for the tool wins.
+    fn compact_call(&self) -> Option<Vec<String>> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -642,7 +642,7 @@ impl AgentRuntimeBuilder {
                     tools.insert(name, tool);
                 }
             }
-            let (measure, context) = context_setup(
+            let (mut setup, active) = context_setup(
                 &spec,
                 model,
                 &executor,
@@ -651,6 +651,9 @@ impl AgentRuntimeBuilder {
                 &self.config.artifacts,
                 &mut calibrations,
             )?;
+            setup.compact_calls = compact_forms(&spec, &tools)?;
+            let measure = Arc::new(setup);
+            let context = active.then(|| measure.clone());
             let mut hooks: [Vec<_>; 8] = Default::default();
             for (phase, entry) in registrar.hooks.drain(..) {
                 hooks[phase.index()].push(entry);
@@ -810,9 +813,10 @@ impl AgentRuntimeBuilder {
     }
 }
 
-/// An agent's context setup, and whether its runs use it: those of an
-/// agent with a context policy or a token budget always do; the others
-/// measure nothing unless a request brings its own token budget.
+/// An agent's context setup (without its call forms:
+/// [`compact_forms`]), and whether its runs use it: those of an agent with
+/// a context policy or a token budget always do; the others measure
+/// nothing unless a request brings its own token budget.
 fn context_setup(
     spec: &AgentSpec,
     model: &ModelSpec,
@@ -821,13 +825,7 @@ fn context_setup(
     providers: &HashMap<&str, Arc<dyn LlmExecutor>>,
     artifacts: &Arc<dyn crate::context::ArtifactStore>,
     calibrations: &mut HashMap<String, Arc<crate::context::Calibration>>,
-) -> Result<
-    (
-        Arc<crate::context::ContextSetup>,
-        Option<Arc<crate::context::ContextSetup>>,
-    ),
-    BuildError,
-> {
+) -> Result<(crate::context::ContextSetup, bool), BuildError> {
     let budget = smallest_token_budget(spec);
     let policy = spec.context.clone();
     let active = policy.is_some() || budget.is_some();
@@ -859,7 +857,7 @@ fn context_setup(
         .as_ref()
         .map_or(0, |p| p.reserve_output_tokens)
         .max(model.max_output_tokens.map_or(0, u64::from));
-    let setup = Arc::new(crate::context::ContextSetup {
+    let setup = crate::context::ContextSetup {
         policy,
         artifacts: artifacts.clone(),
         // A tokenizer is loaded for agents that use it; the others measure
@@ -875,9 +873,47 @@ fn context_setup(
         budget,
         reserve,
         summarizer,
+        compact_calls: HashMap::new(),
         views: std::sync::Mutex::default(),
-    });
-    Ok((setup.clone(), active.then_some(setup)))
+    };
+    Ok((setup, active))
+}
+
+/// The compact forms of the agent's calls, by tool name: the tools' own
+/// (`Tool::compact_call`), then its policy's `compact.calls` (each naming
+/// one of its tools); none without a compact policy.
+fn compact_forms(
+    spec: &AgentSpec,
+    tools: &HashMap<String, Arc<dyn Tool>>,
+) -> Result<HashMap<String, Vec<String>>, BuildError> {
+    let mut compact_calls = HashMap::new();
+    let Some(compact) = spec.context.as_ref().and_then(|p| p.compact.as_ref()) else {
+        return Ok(compact_calls);
+    };
+    for (name, tool) in tools {
+        if let Some(keep) = tool.compact_call() {
+            compact_calls.insert(name.clone(), keep);
+        }
+    }
+    for (name, keep) in &compact.calls {
+        if !tools.contains_key(name) {
+            let mut known: Vec<&str> = tools.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            return Err(BuildError::InvalidContext {
+                agent_id: spec.id.clone(),
+                message: format!(
+                    "compact.calls names tool \"{name}\", which the agent does not have; its tools: {}",
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            });
+        }
+        compact_calls.insert(name.clone(), keep.clone());
+    }
+    Ok(compact_calls)
 }
 
 /// Checks that every ladder is for a detector the agent lists, `deny` only

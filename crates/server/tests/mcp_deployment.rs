@@ -453,3 +453,61 @@ async fn a_tool_call_cancel_sent_to_another_process_reaches_the_run() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test]
+async fn a_compact_calls_rule_in_the_deployment_gives_an_mcp_tool_s_old_calls_a_compact_form() {
+    let Some(entry) = everything() else { return };
+    let dir = std::env::temp_dir().join(format!("rein-mcp-compact-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let long = "lorem ipsum dolor ".repeat(200);
+    let yaml = format!(
+        r#"
+providers:
+  offline:
+    kind: scripted
+    responses:
+      - {{ tool_calls: [ {{ name: everything__echo, arguments: {{ message: "first {long}" }} }} ] }}
+      - {{ tool_calls: [ {{ name: everything__echo, arguments: {{ message: "second {long}" }} }} ] }}
+      - {{ tool_calls: [ {{ name: everything__echo, arguments: {{ message: "third {long}" }} }} ] }}
+      - "Echoed three times."
+models:
+  demo: {{ provider: offline, model: script }}
+mcp_servers:
+  everything: {{ command: node, args: ["{entry}", "stdio"] }}
+artifacts: {{ dir: "{dir}" }}
+agents:
+  - id: assistant
+    model_id: demo
+    tools: [everything__echo]
+    context:
+      window_tokens: 3000
+      compact: {{ at: 0.5, keep_last_rounds: 1, calls: {{ everything__echo: [] }} }}
+"#,
+        dir = dir.display()
+    );
+    let server = Server::start(&yaml).await;
+    let (status, record) = server
+        .post(
+            "/v1/threads/compact/runs?wait=true",
+            json!({"messages": [{"role": "user", "content": "echo three times"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["termination"]["type"], "natural_end", "{record}");
+    server.stop().await;
+    // The first call's whole arguments were offloaded as an artifact of
+    // their own, next to the results.
+    let artifacts: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flat_map(|thread| std::fs::read_dir(thread.unwrap().path()).unwrap())
+        .map(|file| std::fs::read_to_string(file.unwrap().path()).unwrap())
+        .collect();
+    assert!(
+        artifacts
+            .iter()
+            .any(|text| text.starts_with("{\"message\":\"first lorem")),
+        "{} artifacts, none the first call's arguments",
+        artifacts.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

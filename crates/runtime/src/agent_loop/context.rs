@@ -47,11 +47,16 @@ impl Run {
 
     async fn prepare(&mut self, context: &mut ContextWindow) -> Option<TerminationReason> {
         context.sync(&self.request).await;
-        if context.compaction_due()
-            && let Some(keep) = context.compact_keep()
-            && let Some(change) = context.compact(keep).await
-        {
-            self.compacted(change, "threshold");
+        // Compaction in steps of `compact.fraction`, oldest first, while
+        // the prompt is still over `compact.at`.
+        if let Some(keep) = context.compact_keep() {
+            let fraction = context.compact_fraction();
+            while context.compaction_due() {
+                let Some(change) = context.compact(keep, fraction).await else {
+                    break;
+                };
+                self.compacted(change, "threshold");
+            }
         }
         // A history far over the window is summarized in passes (each
         // takes what fits one summarizing call).
@@ -71,7 +76,7 @@ impl Run {
         let remaining = budget.saturating_sub(self.usage.total());
         if context.estimate() + context.setup.reserve > remaining
             && let Some(keep) = context.compact_keep()
-            && let Some(change) = context.compact(keep.min(1)).await
+            && let Some(change) = context.compact(keep.min(1), 1.0).await
         {
             self.compacted(change, "budget");
         }
@@ -105,7 +110,7 @@ impl Run {
         let Some((model, executor)) = context.setup.summarizer.clone() else {
             return Ok(false);
         };
-        let Some(plan) = context.summary_plan(keep) else {
+        let Some(plan) = context.summary_plan(keep, &self.request.messages) else {
             return Ok(false);
         };
         self.persist().await?;
@@ -198,7 +203,7 @@ impl Run {
         let mut reduced = false;
         if !self.overflow_retried {
             self.overflow_retried = true;
-            if let Some(change) = context.compact(1).await {
+            if let Some(change) = context.compact(1, 1.0).await {
                 self.compacted(change, "overflow");
                 reduced = true;
             }

@@ -57,6 +57,9 @@ pub(crate) struct ContextSetup {
     pub(crate) reserve: u64,
     /// The model and executor that write summaries.
     pub(crate) summarizer: Option<(ModelSpec, Arc<dyn LlmExecutor>)>,
+    /// The compact forms of calls, by tool name: the argument keys an old
+    /// call keeps (the tools' own, then the policy's `compact.calls`).
+    pub(crate) compact_calls: std::collections::HashMap<String, Vec<String>>,
     /// Each thread's view as its last run left it: the next run goes on
     /// from it instead of offloading, compacting and summarizing the
     /// whole history again.
@@ -99,11 +102,15 @@ impl std::fmt::Debug for ContextSetup {
     }
 }
 
-/// Per view message: its size, and whether it is a reference already.
+/// Per view message: its size, whether compaction is done with it (a
+/// result that is a reference, calls in their compact form, or nothing
+/// smaller to make of it), and where it is in the history (`None`: a
+/// summary, which is not).
 #[derive(Debug, Clone, Copy)]
 struct Meta {
     chars: u64,
     reference: bool,
+    origin: Option<usize>,
 }
 
 /// A compaction or summary that changed the view.
@@ -293,6 +300,7 @@ impl ContextWindow {
                 view.messages = Arc::new(Vec::new());
             }
         }
+        let first = self.synced;
         let new = &history[self.synced..];
         self.synced = history.len();
         let Some(view) = &mut self.view else {
@@ -309,7 +317,7 @@ impl ContextWindow {
             .map(|o| o.min_tokens);
         let calibration = &self.setup.calibration;
         let mut added = Vec::with_capacity(new.len());
-        for message in new {
+        for (origin, message) in (first..).zip(new) {
             let mut message = message.clone();
             let mut reference = false;
             self.reads.extend(
@@ -340,7 +348,11 @@ impl ContextWindow {
             }
             let chars = calibration.message_size(&message);
             self.chars += chars;
-            self.meta.push(Meta { chars, reference });
+            self.meta.push(Meta {
+                chars,
+                reference,
+                origin: Some(origin),
+            });
             added.push(message);
         }
         Arc::make_mut(&mut view.messages).extend(added);
@@ -480,46 +492,75 @@ impl ContextWindow {
         0
     }
 
-    /// Turns every tool result before the last `keep` rounds into a
-    /// reference; `None` if there was none to turn.
-    pub(crate) async fn compact(&mut self, keep: usize) -> Option<Change> {
+    /// The compaction step's share of what can be compacted
+    /// (`compact.fraction`; 1 without a compact policy).
+    pub(crate) fn compact_fraction(&self) -> f64 {
+        self.setup
+            .policy
+            .as_ref()
+            .and_then(|p| p.compact.as_ref())
+            .map_or(1.0, |c| c.fraction)
+    }
+
+    /// One compaction step: of what can be compacted before the last
+    /// `keep` rounds — tool results not yet references, and calls of tools
+    /// with a compact form — the oldest `fraction` (at least one) is
+    /// turned into references; `None` if nothing changed.
+    pub(crate) async fn compact(&mut self, keep: usize, fraction: f64) -> Option<Change> {
         let boundary = self.kept_from(keep);
         let before = self.estimate();
         let calibration = self.setup.calibration.clone();
+        let setup = self.setup.clone();
         let view = self.view.as_mut()?;
-        let mut count = 0u32;
-        let mut replaced = Vec::new();
-        for (i, message) in view.messages[..boundary].iter().enumerate() {
-            if message.role != Role::Tool || self.meta[i].reference {
-                continue;
-            }
-            if let Some(text) = offload_one(
-                &*self.setup.artifacts,
-                &self.thread_id,
-                message,
-                &calibration,
-            )
-            .await
-                && text.len() < message.content.len()
-            {
-                replaced.push((i, text));
-            }
-        }
-        if replaced.is_empty() {
+        let candidates: Vec<usize> = (0..boundary)
+            .filter(|&i| {
+                let message = &view.messages[i];
+                !self.meta[i].reference
+                    && (message.role == Role::Tool
+                        || message
+                            .tool_calls
+                            .iter()
+                            .any(|c| setup.compact_calls.contains_key(&c.name)))
+            })
+            .collect();
+        if candidates.is_empty() {
             return None;
         }
+        let take =
+            ((candidates.len() as f64 * fraction).ceil() as usize).clamp(1, candidates.len());
+        let mut count = 0u32;
+        let mut replaced = Vec::new();
+        for &i in &candidates[..take] {
+            let message = &view.messages[i];
+            let compacted = if message.role == Role::Tool {
+                offload_one(&*setup.artifacts, &self.thread_id, message, &calibration)
+                    .await
+                    .filter(|text| text.len() < message.content.len())
+                    .map(|text| {
+                        let mut message = message.clone();
+                        message.content = text;
+                        message
+                    })
+            } else {
+                compact_calls(&setup, &self.thread_id, message, &calibration).await
+            };
+            replaced.push((i, compacted));
+        }
         let messages = Arc::make_mut(&mut view.messages);
-        for (i, text) in replaced {
-            messages[i].content = text;
+        for (i, compacted) in replaced {
+            // Done with it either way: what could not be made smaller is
+            // not tried again.
+            self.meta[i].reference = true;
+            let Some(compacted) = compacted else {
+                continue;
+            };
+            messages[i] = compacted;
             let chars = self.setup.calibration.message_size(&messages[i]);
             self.chars = self.chars - self.meta[i].chars + chars;
-            self.meta[i] = Meta {
-                chars,
-                reference: true,
-            };
+            self.meta[i].chars = chars;
             count += 1;
         }
-        Some(Change {
+        (count > 0).then(|| Change {
             before,
             after: self.estimate(),
             count,
@@ -529,19 +570,38 @@ impl ContextWindow {
     /// The rounds before the last `keep` as a transcript to summarize;
     /// `None` when there are none (or no view).
     ///
-    /// At most half the usable window of the oldest messages is taken, so
-    /// the summarizing call fits its window however long the history is; a
+    /// The transcript is made from the full data, never from the view's
+    /// references: each message as the `history` holds it (an earlier
+    /// summary as it stands). At most half the usable window of the oldest
+    /// messages, measured in full, is taken, so the summarizing call fits
+    /// its window however long the history is; one message larger than a
+    /// quarter of that is cut, with a note naming where the rest is. A
     /// history longer than that is summarized in passes, each folding the
     /// summary before it (the first message) into the next.
-    pub(crate) fn summary_plan(&self, keep: usize) -> Option<SummaryPlan> {
+    pub(crate) fn summary_plan(&self, keep: usize, history: &[Message]) -> Option<SummaryPlan> {
         let view = self.view.as_ref()?;
         let max_tokens = self.usable().map_or(u64::MAX, |usable| usable / 2);
         let kept = self.kept_from(keep);
         let calibration = &self.setup.calibration;
+        // The most characters one message brings to the transcript.
+        let per_message = if max_tokens == u64::MAX {
+            usize::MAX
+        } else {
+            (max_tokens as f64 / 4.0 * calibration.chars_per_token()) as usize
+        };
+        let full = |i: usize| -> std::borrow::Cow<'_, Message> {
+            match self.meta[i].origin.and_then(|o| history.get(o)) {
+                Some(original) if self.meta[i].reference => std::borrow::Cow::Owned(
+                    cut_for_summary(original, &view.messages[i], per_message),
+                ),
+                Some(original) => std::borrow::Cow::Borrowed(original),
+                None => std::borrow::Cow::Borrowed(&view.messages[i]),
+            }
+        };
         let mut boundary = 0;
         let mut units = 0;
         while boundary < kept {
-            units += self.meta[boundary].chars;
+            units += calibration.message_size(&full(boundary));
             if boundary >= 2 && calibration.tokens(units, boundary as u64 + 1) > max_tokens {
                 break;
             }
@@ -559,7 +619,8 @@ impl ContextWindow {
         if boundary == 0 || only_summary {
             return None;
         }
-        let transcript = crate::history::transcript(&view.messages[..boundary], None);
+        let messages: Vec<Message> = (0..boundary).map(|i| full(i).into_owned()).collect();
+        let transcript = crate::history::transcript(&messages, None);
         Some(SummaryPlan {
             boundary,
             transcript,
@@ -580,6 +641,7 @@ impl ContextWindow {
             [Meta {
                 chars,
                 reference: false,
+                origin: None,
             }],
         );
         self.chars = self.chars - removed + chars;
@@ -589,6 +651,96 @@ impl ContextWindow {
             count: u32::try_from(plan.boundary).unwrap_or(u32::MAX),
         })
     }
+}
+
+/// `message` (an assistant message) with its calls of tools that have a
+/// compact form in that form: the kept arguments, and a reference to the
+/// whole arguments, stored as the artifact `<call id>.arguments`; `None`
+/// when no call changed (none has a form, drops anything, gets shorter, or
+/// the store failed — logged).
+async fn compact_calls(
+    setup: &ContextSetup,
+    thread_id: &str,
+    message: &Message,
+    calibration: &Calibration,
+) -> Option<Message> {
+    let mut compacted = message.clone();
+    let mut changed = false;
+    for call in &mut compacted.tool_calls {
+        let Some(keep) = setup.compact_calls.get(&call.name) else {
+            continue;
+        };
+        let serde_json::Value::Object(arguments) = &call.arguments else {
+            continue;
+        };
+        let dropped: Vec<&str> = arguments
+            .keys()
+            .filter(|k| !keep.contains(k))
+            .map(String::as_str)
+            .collect();
+        if dropped.is_empty() {
+            continue;
+        }
+        let text = call.arguments.to_string();
+        let name = format!("{}.arguments", call.id);
+        let id = match artifact_id(&*setup.artifacts, thread_id, &name, &text).await {
+            Ok((id, true)) => id,
+            Ok((id, false)) => match setup.artifacts.put(thread_id, &id, &text).await {
+                Ok(()) => id,
+                Err(error) => {
+                    tracing::warn!(%error, thread_id, id, "could not compact a call's arguments; they stay in the prompt");
+                    continue;
+                }
+            },
+            Err(error) => {
+                tracing::warn!(%error, thread_id, "could not compact a call's arguments; they stay in the prompt");
+                continue;
+            }
+        };
+        let tokens = calibration.tokens(calibration.size(&text), 0);
+        let mut kept = serde_json::Map::new();
+        for key in keep {
+            if let Some(value) = arguments.get(key) {
+                kept.insert(key.clone(), value.clone());
+            }
+        }
+        kept.insert(
+            COMPACTED_KEY.to_owned(),
+            serde_json::Value::String(format!(
+                "[arguments {} offloaded to artifact \"{id}\" with the call's whole arguments, about {tokens} tokens; call {READ_ARTIFACT} with id \"{id}\" to read them]",
+                dropped.join(", ")
+            )),
+        );
+        let shorter = serde_json::Value::Object(kept);
+        if shorter.to_string().len() < text.len() {
+            call.arguments = shorter;
+            changed = true;
+        }
+    }
+    changed.then_some(compacted)
+}
+
+/// The key that holds, in a compacted call's arguments, the reference to
+/// the whole arguments.
+pub const COMPACTED_KEY: &str = "_compacted";
+
+/// `original` (a message the view holds as `reference`) for a summary's
+/// transcript: whole, or cut to `max_chars` characters with a note that
+/// the reference says where the rest is.
+fn cut_for_summary(original: &Message, reference: &Message, max_chars: usize) -> Message {
+    let mut message = original.clone();
+    if message.content.len() > max_chars {
+        let mut cut = max_chars;
+        while !message.content.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.content.truncate(cut);
+        message.content.push_str(&format!(
+            "\n[… cut for the summary; the whole text: {}]",
+            reference.content
+        ));
+    }
+    message
 }
 
 /// The most texts one hashed artifact id is tried for (a hash collision
