@@ -219,7 +219,7 @@ fn with(conditions: Vec<StopConditionSpec>) -> AgentSpec {
 }
 
 /// W1b with every run-control feature: the loop conditions, `error_rate`,
-/// `no_progress` and `awaiting_user`, a ladder for every detector and per-tool rules, at
+/// `no_progress` and `awaiting_user`, a ladder for each of them and per-tool rules, at
 /// settings the workload never trips.
 fn control_spec() -> AgentSpec {
     use rein::escalation::{EscalationAction, EscalationStep, Ladder, ToolLoopRule};
@@ -243,8 +243,14 @@ fn control_spec() -> AgentSpec {
         .unwrap_or_else(|e| fail(&e))
     };
     let mut spec = with(conditions);
+    // A ladder for every detector the workload lists. The conditions a
+    // model judges (`llm_loop_check`, `task_complete`) are left out: each
+    // of their checks is an inference, not per-round work.
+    let listed: Vec<&str> = spec.stop_conditions.iter().map(|c| c.kind()).collect();
     for code in rein::escalation::LADDER_CODES {
-        spec = spec.with_escalation(*code, ladder());
+        if listed.contains(code) {
+            spec = spec.with_escalation(*code, ladder());
+        }
     }
     spec.with_tool_rule("write_file", ToolLoopRule::threshold(2))
         .with_tool_rule("poll_status", ToolLoopRule::exempt())

@@ -388,10 +388,11 @@ fn builder_with(
         spec = spec.with_fallbacks(model.fallbacks.iter().cloned());
         builder = builder.with_model(spec);
     }
-    let (mut terminate, mut ask_user) = (false, false);
+    let (mut terminate, mut ask_user, mut automation) = (false, false, false);
     for agent in &deployment.agents {
         terminate |= agent.spec.plugin_ids.iter().any(|p| p == "terminate");
         ask_user |= agent.spec.plugin_ids.iter().any(|p| p == "ask_user");
+        automation |= agent.spec.plugin_ids.iter().any(|p| p == "automation");
         let mut spec = agent.spec.clone();
         if let Some(tools) = agent_tools.remove(&spec.id).filter(|t| !t.is_empty()) {
             let plugin_id = format!("tools:{}", spec.id);
@@ -405,6 +406,9 @@ fn builder_with(
     }
     if ask_user {
         builder = builder.with_plugin("ask_user", Arc::new(rein::approvals::AskUserPlugin::new()));
+    }
+    if automation {
+        builder = builder.with_plugin("automation", Arc::new(rein::auto::AutomationPlugin::new()));
     }
     Ok(builder)
 }

@@ -27,6 +27,15 @@ struct Cli {
     log_format: LogFormat,
 }
 
+/// How `rein run` runs the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RunMode {
+    /// One run.
+    Single,
+    /// Auto mode: round after round on the thread.
+    Auto,
+}
+
 /// The format of the log lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum LogFormat {
@@ -83,6 +92,19 @@ enum Command {
         /// The thread to continue (durable store only).
         #[arg(long)]
         thread: Option<String>,
+        /// `single` (one run) or `auto`: rounds on the thread until the
+        /// automation policy (`--max-tokens`, `--max-experiments`) or auto
+        /// mode's own stops say it is done.
+        #[arg(long, value_enum, default_value_t = RunMode::Single)]
+        mode: RunMode,
+        /// Auto mode: stop once the thread's session has used this many
+        /// tokens.
+        #[arg(long, value_name = "N")]
+        max_tokens: Option<u64>,
+        /// Auto mode: stop after this many completed experiments (metric
+        /// reports of the `automation` plugin).
+        #[arg(long, value_name = "N")]
+        max_experiments: Option<u64>,
         /// The message (its words are joined with spaces).
         #[arg(required = true)]
         message: Vec<String>,
@@ -133,8 +155,34 @@ pub(crate) fn main_with(app: &crate::App) -> ExitCode {
             config,
             agent,
             thread,
+            mode,
+            max_tokens,
+            max_experiments,
             message,
-        } => block_on(run_command(&config, agent, thread, message.join(" "), app)),
+        } => match mode {
+            RunMode::Single if max_tokens.is_some() || max_experiments.is_some() => {
+                eprintln!(
+                    "rein: --max-tokens and --max-experiments are auto mode's budgets; add --mode auto"
+                );
+                ExitCode::from(2)
+            }
+            RunMode::Single => {
+                block_on(run_command(&config, agent, thread, message.join(" "), app))
+            }
+            RunMode::Auto => {
+                let mut policy = rein::auto::AutomationPolicy::default();
+                policy.max_tokens = max_tokens;
+                policy.max_experiments = max_experiments;
+                block_on(auto_command(
+                    &config,
+                    agent,
+                    thread,
+                    message.join(" "),
+                    policy,
+                    app,
+                ))
+            }
+        },
     }
 }
 
@@ -532,5 +580,99 @@ async fn run_command(
         Some(TerminationReason::NaturalEnd | TerminationReason::Stopped(_)) => ExitCode::SUCCESS,
         Some(TerminationReason::Cancelled) => ExitCode::from(130),
         Some(TerminationReason::Error(_)) | None => ExitCode::FAILURE,
+    }
+}
+
+/// `rein run --mode auto`: an auto-mode session on the thread, in this
+/// process, its rounds and progress printed as they happen. The policy is
+/// only the budgets given (none: auto mode's own stops and ceiling); it is
+/// not stored.
+async fn auto_command(
+    config: &Path,
+    agent: Option<String>,
+    thread: Option<String>,
+    message: String,
+    policy: rein::auto::AutomationPolicy,
+    app: &crate::App,
+) -> ExitCode {
+    let Some(deployment) = load(config, &mut std::io::stderr(), app) else {
+        return ExitCode::FAILURE;
+    };
+    if deployment.store != StoreConfig::Memory {
+        eprintln!(
+            "rein: --mode auto runs its session in this process, and a durable store is shared with a fleet whose claims on the thread its rounds would bypass; use a deployment with `store: memory`"
+        );
+        return ExitCode::FAILURE;
+    }
+    let assembled = match assemble::start_with(&deployment, app).await {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("rein: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let thread = thread.unwrap_or_else(|| format!("cli-{}", std::process::id()));
+    let mut request = rein::RunRequest::new(&thread, vec![Message::user(message)]);
+    if let Some(agent) = agent {
+        request = request.with_agent_id(agent);
+    }
+    let token = rein::CancellationToken::new();
+    request = request.with_cancellation(token.clone());
+    let sink = std::sync::Arc::new(PrintingSink(TerminalPrinter::new()));
+    let session = assembled.runtime.auto_run(request, Some(policy), sink);
+    let mut session = std::pin::pin!(session);
+    let mut ctrl_c = std::pin::pin!(signal());
+    let mut interrupted = false;
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut session => break outcome,
+            _ = &mut ctrl_c, if !interrupted => {
+                interrupted = true;
+                token.cancel();
+            }
+        }
+    };
+    assembled.shutdown_mcp().await;
+    let result = match outcome {
+        Ok(result) => result,
+        Err(e) => {
+            eprintln!("rein: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let budget = result
+        .max_tokens
+        .map(|max| format!(" of {max}"))
+        .unwrap_or_default();
+    // A status line, on stderr with the printer's others; the answers are
+    // on stdout.
+    eprintln!(
+        "[auto] stopped: {} · {} round{} · {}{budget} session tokens",
+        result.stop_reason,
+        result.rounds,
+        if result.rounds == 1 { "" } else { "s" },
+        result.tokens_used_session
+    );
+    if interrupted {
+        return ExitCode::from(130);
+    }
+    let failed = result
+        .runs
+        .last()
+        .is_some_and(|run| matches!(run.termination, TerminationReason::Error(_)))
+        || result.stop_reason.starts_with("run error");
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Prints every event as `rein run` does.
+struct PrintingSink(TerminalPrinter);
+
+impl rein::events::EventSink for PrintingSink {
+    fn emit(&self, event: AgentEvent) {
+        self.0.print(&event);
     }
 }

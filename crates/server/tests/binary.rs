@@ -1239,3 +1239,61 @@ fn serve_exports_protobuf_by_default_and_nothing_without_an_endpoint() {
     assert!(output.status.success());
     assert!(bodies.recv_timeout(Duration::from_millis(300)).is_err());
 }
+
+#[test]
+fn run_in_auto_mode_goes_round_after_round_until_its_experiment_budget_and_says_why() {
+    // Each round reports one experiment through the built-in `automation`
+    // plugin, then answers.
+    let config = file(
+        "auto",
+        "providers:\n  p:\n    kind: scripted\n    responses:\n      - { tool_calls: [ { name: report_metrics, arguments: { metrics: { acc: 0.5 } } } ], usage: { input: 10, output: 5 } }\n      - { text: \"Experiment 1 done.\", usage: { input: 10, output: 5 } }\n      - { tool_calls: [ { name: report_metrics, arguments: { metrics: { acc: \"0.7\" } } } ], usage: { input: 10, output: 5 } }\n      - { text: \"Experiment 2 done.\", usage: { input: 10, output: 5 } }\nmodels:\n  m: { provider: p, model: x }\nagents:\n  - { id: a, model_id: m, plugin_ids: [automation] }\n",
+    );
+    let out = rein()
+        .args([
+            "run",
+            "--mode",
+            "auto",
+            "--max-experiments",
+            "2",
+            "--max-tokens",
+            "1000",
+            "--config",
+        ])
+        .arg(&config)
+        .arg("tune the classifier")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    // The answers on stdout, the progress on stderr.
+    assert_eq!(stdout, "Experiment 1 done.\nExperiment 2 done.\n");
+    assert!(
+        stderr.contains("[auto] auto-run round 1 finished"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("[auto] auto-run round 2 finished"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "[auto] stopped: max experiments reached (2/2) · 2 rounds · 60 of 1000 session tokens"
+        ),
+        "{stderr}"
+    );
+
+    // The budgets belong to auto mode.
+    let out = rein()
+        .args(["run", "--max-tokens", "10", "--config"])
+        .arg(&config)
+        .arg("hi")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("add --mode auto"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -150,6 +150,8 @@ pub struct AutoRunResult {
     pub rounds: u32,
     /// The thread's session tokens when it stopped.
     pub tokens_used_session: u64,
+    /// The policy's token budget, when it has one.
+    pub max_tokens: Option<u64>,
     /// Every round's result, in order.
     pub runs: Vec<AgentRunResult>,
 }
@@ -193,6 +195,7 @@ impl Reporter<'_> {
             stop_reason,
             rounds: u32::try_from(runs.len()).unwrap_or(u32::MAX),
             tokens_used_session: tokens,
+            max_tokens: self.max_tokens,
             runs,
         }
     }
