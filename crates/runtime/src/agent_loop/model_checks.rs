@@ -17,10 +17,11 @@
 //!
 //! A check is attempted at most twice, as Gemini CLI does: after an error
 //! the request goes again in JSON mode, the schema alongside (some
-//! OpenAI-compatible servers refuse the JSON-schema response format). A second error, a panic
-//! in the executor or output that is not the asked-for JSON is logged and
-//! reported (`failed`); the run goes on as if the check had not been made.
-//! Only a cancel of the run ends it: the check is dropped at once.
+//! OpenAI-compatible servers refuse the JSON-schema response format). A
+//! second error, a panic in the executor or output that is not the
+//! asked-for JSON is logged and reported (`failed`); the run goes on as if
+//! the check had not been made. Only a cancel of the run ends it: the
+//! check is dropped at once.
 
 use std::panic::AssertUnwindSafe;
 
@@ -117,7 +118,7 @@ impl Run {
                     model = model_id,
                     outcome = report.outcome.as_str(),
                     detail = report.detail,
-                    "a model check was not made; the run goes on"
+                    "a model check failed or was not sent; the run goes on"
                 ),
                 _ => tracing::debug!(
                     run_id = self.id.run_id,
