@@ -711,3 +711,52 @@ async fn long_batch_work_over_different_files_reaches_the_judge_with_its_argumen
     assert!(made.len() >= 3, "{made:?}");
     assert!(made.iter().all(|c| c.2 == "clear"), "{made:?}");
 }
+
+#[tokio::test]
+async fn a_completion_judge_that_fails_answers_malformed_or_cannot_be_paid_for_changes_nothing() {
+    let answer = || ScriptedExecutor::new(vec![ScriptedResponse::text("Here is the report.")]);
+    let cases: Vec<(ScriptedResponse, Option<u64>, &str, &str)> = vec![
+        (
+            ScriptedResponse::text(json!({ "reasoning": "done", "confidence": 0.99 }).to_string()),
+            None,
+            "failed",
+            "`complete` is missing",
+        ),
+        (
+            ScriptedResponse::error(InferenceError::server("judge overloaded")),
+            None,
+            "failed",
+            "judge overloaded",
+        ),
+        (
+            completion("done", true, 0.99),
+            Some(100),
+            "skipped",
+            "100-token budget",
+        ),
+    ];
+    for (response, budget, outcome, detail) in cases {
+        let (judge, _) = judge(vec![response]);
+        let rt = runtime(
+            answer(),
+            judge,
+            spec().with_stop_condition(task_complete(0)),
+        );
+        let sink = Arc::new(CollectingSink::new());
+        let mut request = user("t", "write the report");
+        if let Some(budget) = budget {
+            request = request.with_token_budget(budget);
+        }
+        let result = rt.run(request, sink.clone()).await.unwrap();
+        assert_eq!(
+            result.termination,
+            TerminationReason::NaturalEnd,
+            "{outcome}: the answer stands"
+        );
+        let made = checks(&sink.events());
+        assert_eq!(made.len(), 1, "{made:?}");
+        assert_eq!(made[0].0, "task_complete");
+        assert_eq!(made[0].2, outcome, "{made:?}");
+        assert!(made[0].4.contains(detail), "{made:?}");
+    }
+}

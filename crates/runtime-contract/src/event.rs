@@ -254,6 +254,16 @@ pub enum AgentEvent {
         /// The tokens the check used, when reported.
         usage: Option<TokenUsage>,
     },
+    /// The run's plan changed (the `plan` plugin): the whole plan as it
+    /// now stands (`{ title, steps: [{ title, status, notes? }] }`).
+    PlanUpdated {
+        /// The run.
+        run_id: String,
+        /// Its thread.
+        thread_id: String,
+        /// The plan.
+        plan: serde_json::Value,
+    },
     /// Auto mode's progress: after every round, and when it stops
     /// (`auto-run stop condition: <stop_reason>`).
     ///
@@ -419,6 +429,7 @@ impl AgentEvent {
             Self::ContextCompacted { .. } => "context_compacted",
             Self::ContextSummarized { .. } => "context_summarized",
             Self::ModelCheck { .. } => "model_check",
+            Self::PlanUpdated { .. } => "plan_updated",
             Self::Progress { .. } => "progress",
             Self::SubagentStarted { .. } => "subagent_started",
             Self::SubagentFinished { .. } => "subagent_finished",
@@ -448,6 +459,7 @@ impl AgentEvent {
             | Self::ContextCompacted { run_id, .. }
             | Self::ContextSummarized { run_id, .. }
             | Self::ModelCheck { run_id, .. }
+            | Self::PlanUpdated { run_id, .. }
             | Self::Progress { run_id, .. }
             | Self::SubagentStarted { run_id, .. }
             | Self::SubagentFinished { run_id, .. }
@@ -477,6 +489,7 @@ impl AgentEvent {
             | Self::ContextCompacted { thread_id, .. }
             | Self::ContextSummarized { thread_id, .. }
             | Self::ModelCheck { thread_id, .. }
+            | Self::PlanUpdated { thread_id, .. }
             | Self::Progress { thread_id, .. }
             | Self::SubagentStarted { thread_id, .. }
             | Self::SubagentFinished { thread_id, .. }

@@ -723,6 +723,9 @@ pub struct StopReport {
     /// (boxed: most runs never wait, and every event carries the report).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limited: Option<Box<RateLimitedWait>>,
+    /// The run's plan as it ended, when it kept one (the `plan` plugin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<serde_json::Value>,
 }
 
 /// The waits of a run for its provider's limits, in its [`StopReport`].
@@ -803,6 +806,7 @@ impl StopReport {
             children: Vec::new(),
             pending_approvals: Vec::new(),
             rate_limited: None,
+            plan: None,
         }
     }
 

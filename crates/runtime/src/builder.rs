@@ -720,21 +720,30 @@ fn fallbacks(
         if fallback.id == model.id || routes.iter().any(|r| r.model.id == fallback.id) {
             return Err(invalid("which is the model itself or named twice"));
         }
-        let executor = providers
-            .get(fallback.provider_id.as_str())
-            .cloned()
-            .ok_or_else(|| BuildError::UnknownProvider {
-                model_id: fallback.id.clone(),
-                provider_id: fallback.provider_id.clone(),
-                known: list(providers.keys().copied()),
-            })?;
-        routes.push(crate::agent::Route {
-            model: (*fallback).clone(),
-            executor,
-            limits: gates.get(fallback.provider_id.as_str()).cloned(),
-        });
+        routes.push(route_to(fallback, providers, gates)?);
     }
     Ok(routes)
+}
+
+/// The route to `model`: its provider's executor and limits.
+fn route_to(
+    model: &ModelSpec,
+    providers: &HashMap<&str, Arc<dyn LlmExecutor>>,
+    gates: &HashMap<String, Arc<crate::limits::ProviderGate>>,
+) -> Result<crate::agent::Route, BuildError> {
+    let executor = providers
+        .get(model.provider_id.as_str())
+        .cloned()
+        .ok_or_else(|| BuildError::UnknownProvider {
+            model_id: model.id.clone(),
+            provider_id: model.provider_id.clone(),
+            known: list(providers.keys().copied()),
+        })?;
+    Ok(crate::agent::Route {
+        model: model.clone(),
+        executor,
+        limits: gates.get(model.provider_id.as_str()).cloned(),
+    })
 }
 
 /// The judging models of the agent's model-judged stop conditions, in
@@ -761,19 +770,7 @@ fn check_routes(
                 model_id: model_id.clone(),
                 known: list(models.keys().copied()),
             })?;
-        let executor = providers
-            .get(model.provider_id.as_str())
-            .cloned()
-            .ok_or_else(|| BuildError::UnknownProvider {
-                model_id: model.id.clone(),
-                provider_id: model.provider_id.clone(),
-                known: list(providers.keys().copied()),
-            })?;
-        routes.push(crate::agent::Route {
-            model: (*model).clone(),
-            executor,
-            limits: gates.get(model.provider_id.as_str()).cloned(),
-        });
+        routes.push(route_to(model, providers, gates)?);
     }
     Ok(routes)
 }

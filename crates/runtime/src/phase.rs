@@ -74,6 +74,9 @@ pub(crate) struct Directives {
     /// A detector's `escalate` step: the run parks for a person before
     /// its next inference.
     pub(crate) escalation: Option<rein_runtime_contract::lifecycle::StoppedReason>,
+    /// Events built-in plugins report (`plan_updated`), sent once the
+    /// phase's hooks have run.
+    pub(crate) events: Vec<rein_runtime_contract::event::AgentEvent>,
 }
 
 /// The identity of a run, shared by all its contexts.
@@ -214,6 +217,12 @@ impl PhaseContext<'_> {
     /// it is recorded but no further inference is made unless the run goes on.
     pub fn push_user_message(&mut self, text: impl Into<String>) {
         self.directives.user_messages.push(text.into());
+    }
+
+    /// Reports `event` on the run's stream once the phase's hooks have run
+    /// (built-in plugins only: a plugin must not fake the loop's events).
+    pub(crate) fn emit(&mut self, event: rein_runtime_contract::event::AgentEvent) {
+        self.directives.events.push(event);
     }
 
     /// Overrides the next natural end of this round: the run makes another

@@ -388,8 +388,9 @@ fn builder_with(
         spec = spec.with_fallbacks(model.fallbacks.iter().cloned());
         builder = builder.with_model(spec);
     }
-    let (mut terminate, mut ask_user, mut automation) = (false, false, false);
+    let (mut terminate, mut ask_user, mut automation, mut plan) = (false, false, false, false);
     for agent in &deployment.agents {
+        plan |= agent.spec.plugin_ids.iter().any(|p| p == "plan");
         terminate |= agent.spec.plugin_ids.iter().any(|p| p == "terminate");
         ask_user |= agent.spec.plugin_ids.iter().any(|p| p == "ask_user");
         automation |= agent.spec.plugin_ids.iter().any(|p| p == "automation");
@@ -409,6 +410,9 @@ fn builder_with(
     }
     if automation {
         builder = builder.with_plugin("automation", Arc::new(rein::auto::AutomationPlugin::new()));
+    }
+    if plan {
+        builder = builder.with_plugin("plan", Arc::new(rein::plugins::PlanPlugin::new()));
     }
     Ok(builder)
 }

@@ -34,6 +34,12 @@ providers:
     kind: scripted
     responses: ["Done."]
     limits: { requests_per_minute: 60, window_ms: 1000 }
+  planner:
+    kind: scripted
+    responses:
+      - { tool_calls: [ { name: plan, arguments: { command: create, title: "Trip", steps: [ "book train", "book hotel" ] } } ] }
+      - { tool_calls: [ { name: plan, arguments: { command: mark_step, step_index: 0, step_status: completed } }, { name: plan, arguments: { command: mark_step, step_index: 1, step_status: completed } } ] }
+      - "Train and hotel are booked."
   looper:
     kind: scripted
     responses:
@@ -48,10 +54,12 @@ models:
   limited: { provider: limited, model: l }
   looper: { provider: looper, model: x }
   judge: { provider: judge, model: j }
+  planner: { provider: planner, model: p }
 agents:
   - { id: assistant, model_id: chat, plugin_ids: [terminate] }
   - { id: slow, model_id: slow }
   - { id: limited, model_id: limited }
+  - { id: planner, model_id: planner, plugin_ids: [plan] }
   - id: looper
     model_id: looper
     stop_conditions: [ { type: llm_loop_check, model_id: judge, after_rounds: 2, interval: 1 } ]
@@ -197,6 +205,36 @@ async fn a_model_check_reaches_the_official_client_as_a_custom_event_before_the_
     );
     let last = events.last().unwrap();
     assert_eq!(last["type"], "RUN_FINISHED", "{seen}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_plan_reaches_the_official_client_as_its_state_a_snapshot_then_deltas() {
+    let Some(modules) = client() else { return };
+    let server = Server::start(AGUI_YAML).await;
+    let seen = node(&modules, &server.at("/v1/ag-ui/planner"), "planned").await;
+    assert_eq!(seen["warnings"], json!([]), "{seen}");
+    assert_eq!(seen["first"]["error"], Value::Null, "{seen}");
+    let events = seen["first"]["events"].as_array().unwrap();
+    let kinds: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e["type"].as_str())
+        .filter(|t| t.starts_with("STATE_"))
+        .collect();
+    assert_eq!(kinds, ["STATE_SNAPSHOT", "STATE_DELTA"], "{seen}");
+    // The client applied them: its state is the finished plan.
+    assert_eq!(seen["state"]["plan"]["title"], "Trip", "{seen}");
+    assert_eq!(
+        seen["state"]["plan"]["steps"],
+        json!([
+            {"title": "book train", "status": "completed"},
+            {"title": "book hotel", "status": "completed"}
+        ]),
+        "{seen}"
+    );
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "RUN_FINISHED", "{seen}");
+    assert_eq!(last["result"]["stop_code"], "plan_completed", "{seen}");
     server.stop().await;
 }
 

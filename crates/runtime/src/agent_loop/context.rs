@@ -162,21 +162,7 @@ impl Run {
                 return Ok(false);
             }
         };
-        match response.usage {
-            Some(usage) => {
-                // The run paid for it: the token totals policies read count it.
-                self.usage.add(usage);
-                if let Some(stats) = self.state.slot_mut::<StopStatsKey>() {
-                    add_usage(stats, usage);
-                }
-            }
-            None => self.usage_complete = false,
-        }
-        if let Some(cache) = response.cache {
-            self.cache_usage
-                .get_or_insert_with(CacheUsage::default)
-                .add(cache);
-        }
+        self.pay_aside(&response);
         let Some(change) = context.apply_summary(&plan, &response.text) else {
             return Ok(false);
         };
@@ -189,6 +175,26 @@ impl Run {
             usage: response.usage,
         });
         Ok(true)
+    }
+
+    /// Counts an inference made aside from the rounds (a summary, a model
+    /// check) as the run's: its usage in the run's and in the totals the
+    /// stop policies read, its cache usage.
+    pub(super) fn pay_aside(&mut self, response: &InferenceResponse) {
+        match response.usage {
+            Some(usage) => {
+                self.usage.add(usage);
+                if let Some(stats) = self.state.slot_mut::<StopStatsKey>() {
+                    add_usage(stats, usage);
+                }
+            }
+            None => self.usage_complete = false,
+        }
+        if let Some(cache) = response.cache {
+            self.cache_usage
+                .get_or_insert_with(CacheUsage::default)
+                .add(cache);
+        }
     }
 
     /// The provider refused the prompt as over its window: compact (and

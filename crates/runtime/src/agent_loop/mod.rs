@@ -476,9 +476,11 @@ impl Run {
             tool_result: focus.tool_result,
             directives: &mut self.directives,
         };
-        dispatch(hooks, &mut ctx)
-            .await
-            .map_err(HookFailure::into_reason)
+        let dispatched = dispatch(hooks, &mut ctx).await;
+        for event in std::mem::take(&mut self.directives.events) {
+            self.emit(|| event);
+        }
+        dispatched.map_err(HookFailure::into_reason)
     }
 
     fn termination(&mut self) -> Option<TerminationReason> {

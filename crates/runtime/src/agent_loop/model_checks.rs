@@ -28,12 +28,11 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use rein_runtime_contract::event::AgentEvent;
 use rein_runtime_contract::lifecycle::TerminationReason;
-use rein_runtime_contract::message::{CacheUsage, TokenUsage};
+use rein_runtime_contract::message::TokenUsage;
 
 use super::judge::Act;
 use super::{Run, interrupted};
 use crate::detectors::model_checks::{Answer, ModelCheck, Outcome, ask, task_of};
-use crate::policies::{StopStatsKey, add_usage};
 
 /// A run's model-judged conditions.
 #[derive(Debug)]
@@ -230,21 +229,8 @@ impl Run {
             Ok(Err(error)) => return Ok(failed(format!("the model failed: {error}"))),
             Err(_) => return Ok(failed("the model's executor panicked".to_owned())),
         };
-        match usage {
-            Some(usage) => {
-                // The run paid for it: budgets and `token_budget` count it.
-                self.usage.add(usage);
-                if let Some(stats) = self.state.slot_mut::<StopStatsKey>() {
-                    add_usage(stats, usage);
-                }
-            }
-            None => self.usage_complete = false,
-        }
-        if let Some(cache) = response.cache {
-            self.cache_usage
-                .get_or_insert_with(CacheUsage::default)
-                .add(cache);
-        }
+        // The run paid for it: budgets and `token_budget` count it.
+        self.pay_aside(&response);
         let answer = match check.parse(&response.text) {
             Ok(answer) => answer,
             Err(problem) => {

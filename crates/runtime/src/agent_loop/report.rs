@@ -18,6 +18,12 @@ impl Run {
         report.children = self.children.clone();
         report.pending_approvals = self.parked_pending.clone();
         report.rate_limited = self.rate_limited();
+        report.plan = self
+            .state
+            .get::<crate::plugins::PlanKey>()
+            .ok()
+            .and_then(Option::as_ref)
+            .and_then(|plan| serde_json::to_value(plan).ok());
         let uncertain = report.uncertain_calls().next().is_some();
         report.resumable = !uncertain;
         report.hint = hint(reason, &report);

@@ -341,10 +341,7 @@ impl ModelCheck {
                 if !confident {
                     return (Outcome::Clear, None);
                 }
-                let detail = format!(
-                    "model \"{model_id}\" judged the run stuck (confidence {:.2}, threshold {}): {}",
-                    answer.confidence, self.threshold, answer.reasoning
-                );
+                let detail = judged(model_id, "the run stuck", answer, self.threshold);
                 let nudge = format!(
                     "{LLM_LOOP_NUDGE} The reviewer's reasoning: {}",
                     answer.reasoning
@@ -354,20 +351,14 @@ impl ModelCheck {
             }
             Kind::Completion { .. } => match answer.complete {
                 Some(true) if confident => {
-                    let detail = format!(
-                        "model \"{model_id}\" judged the task complete (confidence {:.2}, threshold {}): {}",
-                        answer.confidence, self.threshold, answer.reasoning
-                    );
+                    let detail = judged(model_id, "the task complete", answer, self.threshold);
                     (
                         Outcome::Detected,
                         Some(Verdict::Stop(StoppedReason::new("task_complete", detail))),
                     )
                 }
                 Some(false) if confident && final_answer => {
-                    let detail = format!(
-                        "model \"{model_id}\" judged the task incomplete (confidence {:.2}, threshold {}): {}",
-                        answer.confidence, self.threshold, answer.reasoning
-                    );
+                    let detail = judged(model_id, "the task incomplete", answer, self.threshold);
                     let nudge = format!(
                         "{TASK_INCOMPLETE_NUDGE} The reviewer's reasoning: {}",
                         answer.reasoning
@@ -379,6 +370,15 @@ impl ModelCheck {
             },
         }
     }
+}
+
+/// A detection's detail: what `model_id` judged, with its confidence and
+/// reasoning.
+fn judged(model_id: &str, what: &str, answer: &Answer, threshold: f64) -> String {
+    format!(
+        "model \"{model_id}\" judged {what} (confidence {:.2}, threshold {threshold}): {}",
+        answer.confidence, answer.reasoning
+    )
 }
 
 /// The ladder `[warn]`.

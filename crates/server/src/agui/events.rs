@@ -316,6 +316,9 @@ pub(super) struct Translator {
     /// Message and tool call ids emitted since the last `take_emitted_ids`.
     emitted: Vec<String>,
     done: bool,
+    /// Whether the root's plan was sent as a `STATE_SNAPSHOT` (the next
+    /// changes are `STATE_DELTA`s).
+    state_sent: bool,
 }
 
 impl Translator {
@@ -330,6 +333,7 @@ impl Translator {
             open_children: Vec::new(),
             emitted: Vec::new(),
             done: false,
+            state_sent: false,
         }
     }
 
@@ -578,6 +582,16 @@ impl Translator {
                         }
                         finished
                     }
+                });
+            }
+            // The root's plan is the run's AG-UI state `{ "plan": … }`: the
+            // first change a snapshot, the later ones a JSON Patch.
+            AgentEvent::PlanUpdated { plan, .. } if run_id == self.root => {
+                out.push(if self.state_sent {
+                    json!({"type": "STATE_DELTA", "delta": [{"op": "replace", "path": "/plan", "value": plan}]})
+                } else {
+                    self.state_sent = true;
+                    json!({"type": "STATE_SNAPSHOT", "snapshot": {"plan": plan}})
                 });
             }
             // A sub-agent's own end: its message and step end; the rest

@@ -30,7 +30,7 @@ pub use scripted::{ScriptedItem, ScriptedReply, ScriptedToolCall, ScriptedUsage}
 use positions::Positions;
 
 /// The plugins a deployment file can list in `plugin_ids`.
-pub const BUILT_IN_PLUGINS: &[&str] = &["terminate", "ask_user", "automation"];
+pub const BUILT_IN_PLUGINS: &[&str] = &["terminate", "ask_user", "automation", "plan"];
 
 /// The separator of an MCP tool's qualified name: `<server id>__<tool>`.
 pub const MCP_TOOL_SEPARATOR: &str = "__";

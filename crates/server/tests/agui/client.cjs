@@ -3,7 +3,7 @@
 //   node client.cjs <endpoint url> <scenario: conversation | abort | error |
 //     subagent | subagent-error | subagent-abort | subagent-cancel | subagent-tree |
 //     approval | approval-reject | approval-subagent | question | escalation | limited |
-//     judged>
+//     judged | planned>
 // The sub-agent scenarios record whole events (else only their types), and
 // the client's own warnings (an event it had to strip or drop).
 const { HttpAgent } = require("@ag-ui/client");
@@ -144,6 +144,18 @@ async function main() {
     agent.messages.push({ id: "u2", role: "user", content: "second" });
     const second = await run(agent, "agui-limited-2", undefined, { full: true });
     console.log(JSON.stringify({ first, second, warnings }));
+  } else if (scenario === "planned") {
+    // One run keeping a plan: its changes reach the client as
+    // STATE_SNAPSHOT, then STATE_DELTA; the client's state is the plan.
+    delete process.env.SUPPRESS_TRANSFORMATION_WARNINGS;
+    const warn = console.warn;
+    console.warn = (...args) => {
+      warnings.push(args.map(String).join(" "));
+      warn(...args);
+    };
+    agent.messages = [{ id: "u1", role: "user", content: "plan my trip" }];
+    const first = await run(agent, "agui-planned-1", undefined, { full: true });
+    console.log(JSON.stringify({ first, state: agent.state, warnings }));
   } else if (scenario === "judged") {
     // One run a judging model stops: its check reaches the client as a
     // CUSTOM event, with whatever the client warns about.
