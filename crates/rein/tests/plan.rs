@@ -205,3 +205,64 @@ async fn without_a_plan_the_run_ends_as_any_other() {
     assert_eq!(result.report.plan, None);
     assert_eq!(result.exported::<PlanKey>().flatten(), None);
 }
+
+#[tokio::test]
+async fn a_step_that_names_a_sub_agent_records_its_answer_and_completes_with_it() {
+    let lead = ScriptedExecutor::new(vec![
+        ScriptedResponse::tool_call(
+            "plan",
+            json!({"command": "create", "title": "Trip", "steps": [
+                {"title": "find trains", "agent": "research"},
+                "book the hotel"
+            ]}),
+        ),
+        ScriptedResponse::tool_calls(vec![
+            mark(0, "in_progress"),
+            ("research", json!({"task": "trains to Bern"})),
+        ]),
+        ScriptedResponse::tool_call(
+            "plan",
+            json!({"command": "mark_step", "step_index": 1, "step_status": "blocked", "step_notes": "no card"}),
+        ),
+        ScriptedResponse::text("Trains found; the hotel is blocked."),
+    ]);
+    let researcher = ScriptedExecutor::new(vec![ScriptedResponse::text(
+        "Two trains to Bern: 08:02 and 09:02.",
+    )]);
+    let spec = spec()
+        .with_plugin_id("plan")
+        .with_subagent(SubagentSpec::new("researcher").with_tool("research"));
+    let rt = AgentRuntimeBuilder::new()
+        .with_agent_spec(spec.with_model_id("m"))
+        .with_agent_spec(AgentSpec::new("researcher").with_model_id("r"))
+        .with_model(ModelSpec::new("m", "p", "lead-model"))
+        .with_model(ModelSpec::new("r", "q", "research-model"))
+        .with_provider("p", Arc::new(lead))
+        .with_provider("q", Arc::new(researcher))
+        .with_plugin("plan", Arc::new(PlanPlugin::new()))
+        .build()
+        .unwrap();
+    let result = rt
+        .run(
+            RunRequest::new("t", vec![Message::user("plan a trip")]).with_agent_id("agent"),
+            Arc::new(CollectingSink::new()),
+        )
+        .await
+        .unwrap();
+    match &result.termination {
+        TerminationReason::Stopped(r) => {
+            assert_eq!(r.code, "plan_completed");
+            assert!(r.detail.contains("1 completed, 1 blocked"), "{}", r.detail);
+        }
+        other => panic!("{other:?}"),
+    }
+    let plan = result.exported::<PlanKey>().flatten().unwrap();
+    assert_eq!(plan.steps[0].agent.as_deref(), Some("research"));
+    assert_eq!(plan.steps[0].status, StepStatus::Completed);
+    assert!(
+        plan.steps[0].result.contains("08:02 and 09:02"),
+        "{:?}",
+        plan.steps[0]
+    );
+    assert_eq!(plan.steps[1].status, StepStatus::Blocked);
+}

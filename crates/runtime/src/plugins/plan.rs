@@ -9,13 +9,18 @@
 //!
 //! | command | arguments | does |
 //! |---|---|---|
-//! | `create` | `title`, `steps: [string]` | makes the plan (every step `not_started`); refused when one exists |
+//! | `create` | `title`, `steps: [string or { title, agent }]` | makes the plan (every step `not_started`); refused when one exists |
 //! | `update` | `title?`, `steps?` | retitles or replaces the steps; a step whose text is unchanged at its place keeps its status and notes |
 //! | `mark_step` | `step_index` (from 0), `step_status`, `step_notes?` | sets a step's status: `not_started`, `in_progress`, `completed` or `blocked` |
 //! | `get` | | shows the plan |
 //!
 //! Every call answers with the plan as it now stands. A malformed call is
 //! an error result naming what is wrong; the plan is unchanged.
+//!
+//! A step may name a sub-agent (`agent`: its tool name): when a call of
+//! that sub-agent ends, the first active step naming it (an `in_progress`
+//! one first) records its answer (`result`) and becomes `completed`, or
+//! `blocked` when the call failed.
 //!
 //! # State and events
 //!
@@ -110,6 +115,13 @@ pub struct PlanStep {
     /// Notes the model gave when it marked the step.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub notes: String,
+    /// The sub-agent that carries the step out (its tool name), when the
+    /// plan names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// What that sub-agent answered (its first 2 000 characters).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub result: String,
 }
 
 /// A run's plan.
@@ -160,8 +172,14 @@ impl fmt::Display for Plan {
         writeln!(f, "Progress: {done}/{} steps completed", self.steps.len())?;
         for (i, step) in self.steps.iter().enumerate() {
             write!(f, "{i}. [{}] {}", step.status.as_str(), step.title)?;
+            if let Some(agent) = &step.agent {
+                write!(f, " (sub-agent: {agent})")?;
+            }
             if !step.notes.is_empty() {
                 write!(f, " — notes: {}", step.notes)?;
+            }
+            if !step.result.is_empty() {
+                write!(f, " — result: {}", step.result)?;
             }
             writeln!(f)?;
         }
@@ -275,8 +293,9 @@ fn text<'a>(args: &'a Value, key: &str) -> Result<Option<&'a str>, ToolError> {
     }
 }
 
-/// `args["steps"]` as step titles, or an error naming what is wrong.
-fn steps(args: &Value) -> Result<Option<Vec<String>>, ToolError> {
+/// `args["steps"]` as steps — each a title, or `{ title, agent }` naming
+/// the sub-agent that carries it out — or an error naming what is wrong.
+fn steps(args: &Value) -> Result<Option<Vec<PlanStep>>, ToolError> {
     let Some(steps) = args.get("steps").filter(|v| !v.is_null()) else {
         return Ok(None);
     };
@@ -285,23 +304,38 @@ fn steps(args: &Value) -> Result<Option<Vec<String>>, ToolError> {
             "invalid arguments: `steps` must be a list of step titles, got {steps}"
         ))
     })?;
-    let mut titles = Vec::with_capacity(list.len());
+    let mut parsed = Vec::with_capacity(list.len());
     for (i, step) in list.iter().enumerate() {
-        match step.as_str().map(str::trim) {
-            Some(title) if !title.is_empty() => titles.push(title.to_owned()),
-            _ => {
-                return Err(ToolError::new(format!(
-                    "invalid arguments: step {i} must be a non-empty string, got {step}"
-                )));
-            }
+        let (title, agent) = match step {
+            Value::String(title) => (title.as_str(), None),
+            Value::Object(fields) => (
+                fields.get("title").and_then(Value::as_str).unwrap_or(""),
+                fields
+                    .get("agent")
+                    .and_then(Value::as_str)
+                    .filter(|a| !a.trim().is_empty())
+                    .map(str::to_owned),
+            ),
+            _ => ("", None),
+        };
+        let title = title.trim();
+        if title.is_empty() {
+            return Err(ToolError::new(format!(
+                "invalid arguments: step {i} must be a non-empty title, or {{ title, agent }}; got {step}"
+            )));
         }
+        parsed.push(PlanStep {
+            title: title.to_owned(),
+            agent,
+            ..PlanStep::default()
+        });
     }
-    if titles.is_empty() {
+    if parsed.is_empty() {
         return Err(ToolError::new(
             "invalid arguments: `steps` is empty; a plan needs at least one step",
         ));
     }
-    Ok(Some(titles))
+    Ok(Some(parsed))
 }
 
 /// Applies one command to `plan` (`None`: there is none yet).
@@ -320,16 +354,7 @@ fn apply(plan: &mut Option<Plan>, args: &Value) -> Result<(), ToolError> {
             let steps = steps(args)?.ok_or_else(|| {
                 ToolError::new("invalid arguments: `create` needs `steps`, a list of step titles")
             })?;
-            *plan = Some(Plan {
-                title,
-                steps: steps
-                    .into_iter()
-                    .map(|title| PlanStep {
-                        title,
-                        ..PlanStep::default()
-                    })
-                    .collect(),
-            });
+            *plan = Some(Plan { title, steps });
         }
         "update" => {
             let current = plan
@@ -338,17 +363,16 @@ fn apply(plan: &mut Option<Plan>, args: &Value) -> Result<(), ToolError> {
             if let Some(title) = text(args, "title")? {
                 title.clone_into(&mut current.title);
             }
-            if let Some(titles) = steps(args)? {
+            if let Some(steps) = steps(args)? {
                 let old = std::mem::take(&mut current.steps);
-                current.steps = titles
+                current.steps = steps
                     .into_iter()
                     .enumerate()
-                    .map(|(i, title)| match old.get(i) {
-                        Some(kept) if kept.title == title => kept.clone(),
-                        _ => PlanStep {
-                            title,
-                            ..PlanStep::default()
-                        },
+                    .map(|(i, step)| match old.get(i) {
+                        Some(kept) if kept.title == step.title && kept.agent == step.agent => {
+                            kept.clone()
+                        }
+                        _ => step,
                     })
                     .collect();
             }
@@ -421,7 +445,16 @@ impl Tool for PlanTool {
             "properties": {
                 "command": { "type": "string", "enum": ["create", "update", "mark_step", "get"] },
                 "title": { "type": "string", "description": "The plan's title (create, update)." },
-                "steps": { "type": "array", "items": { "type": "string" }, "description": "The steps' titles, in order (create, update)." },
+                "steps": {
+                    "type": "array",
+                    "items": {
+                        "anyOf": [
+                            { "type": "string" },
+                            { "type": "object", "properties": { "title": { "type": "string" }, "agent": { "type": "string" } }, "required": ["title"] }
+                        ]
+                    },
+                    "description": "The steps, in order (create, update): a title, or { title, agent } to carry the step out with that sub-agent (its result is recorded on the step)."
+                },
                 "step_index": { "type": "integer", "minimum": 0, "description": "The step to mark, from 0 (mark_step)." },
                 "step_status": { "type": "string", "enum": ["not_started", "in_progress", "completed", "blocked"] },
                 "step_notes": { "type": "string", "description": "What was found or why the step is blocked (mark_step)." }
@@ -453,10 +486,11 @@ struct Mirror(Plans);
 #[async_trait::async_trait]
 impl PhaseHook for Mirror {
     async fn run(&self, ctx: &mut PhaseContext<'_>) -> Result<(), HookError> {
-        let Some(call) = ctx.tool_call() else {
+        let (Some(call), Some(result)) = (ctx.tool_call(), ctx.tool_result()) else {
             return Ok(());
         };
-        if call.name != PLAN_TOOL {
+        if call.name != PLAN_TOOL && !record_step_result(&self.0, ctx.run_id(), &call.name, result)
+        {
             return Ok(());
         }
         let plan = locked(&self.0).get(ctx.run_id()).cloned();
@@ -473,6 +507,45 @@ impl PhaseHook for Mirror {
         });
         Ok(())
     }
+}
+
+/// The most characters of a sub-agent's answer a step keeps.
+const MAX_STEP_RESULT: usize = 2_000;
+
+/// A call of the sub-agent `tool` ended with `result`: the first active
+/// step naming it (one `in_progress` first, else one `not_started`) keeps
+/// the answer and is `completed`, or `blocked` when the call failed.
+/// Whether a step changed.
+fn record_step_result(
+    plans: &Plans,
+    run_id: &str,
+    tool: &str,
+    result: &rein_runtime_contract::message::ToolResult,
+) -> bool {
+    let mut plans = locked(plans);
+    let Some(plan) = plans.get_mut(run_id) else {
+        return false;
+    };
+    let names = |s: &PlanStep| s.agent.as_deref() == Some(tool);
+    let at = plan
+        .steps
+        .iter()
+        .position(|s| names(s) && s.status == StepStatus::InProgress)
+        .or_else(|| {
+            plan.steps
+                .iter()
+                .position(|s| names(s) && s.status == StepStatus::NotStarted)
+        });
+    let Some(step) = at.map(|i| &mut plan.steps[i]) else {
+        return false;
+    };
+    step.result = crate::detectors::snippet(&result.content, MAX_STEP_RESULT);
+    step.status = if result.is_error {
+        StepStatus::Blocked
+    } else {
+        StepStatus::Completed
+    };
+    true
 }
 
 /// Once no step is active, asks for the final summary (StepEnd, after
