@@ -395,6 +395,17 @@ fn builder_with(
         ask_user |= agent.spec.plugin_ids.iter().any(|p| p == "ask_user");
         automation |= agent.spec.plugin_ids.iter().any(|p| p == "automation");
         let mut spec = agent.spec.clone();
+        // Each agent's declared outputs are a plugin of its own.
+        if let Some(listed) = spec.plugin_ids.iter_mut().find(|p| *p == "outputs") {
+            let plugin_id = format!("outputs:{}", spec.id);
+            builder = builder.with_plugin(
+                &plugin_id,
+                Arc::new(rein::plugins::OutputsPlugin::new(
+                    agent.outputs.iter().map(|(n, t)| (n.clone(), t.clone())),
+                )),
+            );
+            *listed = plugin_id;
+        }
         if let Some(tools) = agent_tools.remove(&spec.id).filter(|t| !t.is_empty()) {
             let plugin_id = format!("tools:{}", spec.id);
             builder = builder.with_plugin(&plugin_id, Arc::new(AgentTools(tools)));

@@ -164,7 +164,7 @@ fn a_file_naming_an_unknown_rust_plugin_or_tool_is_refused_listing_the_app_s() {
     let err = Deployment::from_yaml_with(&text, &app.extras()).unwrap_err();
     let lines = err.lines().join("\n");
     assert!(
-        lines.contains(":13:18: agent \"clerk\": unknown plugin \"stampz\"; known plugins: terminate, ask_user, stamps"),
+        lines.contains(":13:18: agent \"clerk\": unknown plugin \"stampz\"; known plugins: terminate, ask_user, automation, plan, outputs, stamps"),
         "{lines}"
     );
     assert!(

@@ -30,7 +30,7 @@ pub use scripted::{ScriptedItem, ScriptedReply, ScriptedToolCall, ScriptedUsage}
 use positions::Positions;
 
 /// The plugins a deployment file can list in `plugin_ids`.
-pub const BUILT_IN_PLUGINS: &[&str] = &["terminate", "ask_user", "automation", "plan"];
+pub const BUILT_IN_PLUGINS: &[&str] = &["terminate", "ask_user", "automation", "plan", "outputs"];
 
 /// The separator of an MCP tool's qualified name: `<server id>__<tool>`.
 pub const MCP_TOOL_SEPARATOR: &str = "__";
@@ -195,6 +195,10 @@ pub struct AgentConfig {
     pub spec: AgentSpec,
     /// Tools by name (MCP tools as `<server id>__<tool>`).
     pub tools: Vec<String>,
+    /// Declared outputs, name → JSON type, for the built-in plugin
+    /// `outputs` (Gemini CLI's goal mode; the run ends `goal` once all are
+    /// emitted).
+    pub outputs: BTreeMap<String, String>,
 }
 
 /// Where threads are kept.
@@ -596,6 +600,30 @@ impl Deployment {
                     ),
                 );
             }
+            let lists_outputs = agent.spec.plugin_ids.iter().position(|p| p == "outputs");
+            match (lists_outputs, agent.outputs.is_empty()) {
+                (Some(j), true) => error(
+                    &format!("agents[{i}].plugin_ids[{j}]"),
+                    format!(
+                        "agent \"{id}\": the plugin `outputs` needs the outputs it waits for: add `outputs: {{ <name>: <type>, … }}` to the agent"
+                    ),
+                ),
+                (None, false) => error(
+                    &format!("agents[{i}].outputs"),
+                    format!(
+                        "agent \"{id}\" declares outputs but does not list the plugin `outputs` in plugin_ids; add it, or drop `outputs`"
+                    ),
+                ),
+                _ => {}
+            }
+            for (name, ty) in &agent.outputs {
+                if let Err(e) = ty.parse::<rein::plugins::JsonType>() {
+                    error(
+                        &format!("agents[{i}].outputs.{name}"),
+                        format!("agent \"{id}\", output \"{name}\": {e}"),
+                    );
+                }
+            }
             for (j, condition) in agent.spec.stop_conditions.iter().enumerate() {
                 use rein::contract::lifecycle::StopConditionSpec;
                 let (StopConditionSpec::LlmLoopCheck { model_id, .. }
@@ -733,6 +761,9 @@ pub fn agent_tool_names(agent: &AgentConfig) -> Vec<String> {
         match plugin.as_str() {
             "terminate" => names.push("terminate".to_owned()),
             "ask_user" => names.push(rein::approvals::ASK_USER.to_owned()),
+            "outputs" => names.push("emit_output".to_owned()),
+            "automation" => names.push("report_metrics".to_owned()),
+            "plan" => names.push(rein::plugins::PLAN_TOOL.to_owned()),
             _ => {}
         }
     }
@@ -828,6 +859,7 @@ const AGENT_ITEM_KEYS: &[&str] = &[
     "subagents",
     "approvals",
     "tools",
+    "outputs",
 ];
 
 struct DocumentSeed<'k> {
@@ -909,7 +941,17 @@ impl<'de> Visitor<'de> for AgentsSeed<'_> {
                 return Ok(agents);
             };
             let mut tools = Vec::new();
+            let mut outputs = BTreeMap::new();
             for (key, value) in extra {
+                if key == "outputs" {
+                    outputs = serde_yaml::from_value(value).map_err(|e| {
+                        de::Error::custom(format!(
+                            "agent \"{}\", field `outputs`: {e}; expected a mapping of output names to JSON types (string, number, integer, boolean, object, array)",
+                            spec.id
+                        ))
+                    })?;
+                    continue;
+                }
                 debug_assert_eq!(key, "tools");
                 tools = serde_yaml::from_value(value).map_err(|e| {
                     de::Error::custom(format!(
@@ -918,7 +960,11 @@ impl<'de> Visitor<'de> for AgentsSeed<'_> {
                     ))
                 })?;
             }
-            agents.push(AgentConfig { spec, tools });
+            agents.push(AgentConfig {
+                spec,
+                tools,
+                outputs,
+            });
         }
     }
 }

@@ -89,7 +89,7 @@ fn unknown_ids_are_each_reported_at_their_value_with_the_known_ones() {
         vec![
             "<text>:4:18: model \"m\": unknown provider \"nope\"; known providers: p",
             "<text>:7:15: agent \"a\": unknown model \"missing\"; known models: m",
-            "<text>:8:29: agent \"a\": unknown plugin \"bogus\"; known plugins: terminate, ask_user, automation, plan",
+            "<text>:8:29: agent \"a\": unknown plugin \"bogus\"; known plugins: terminate, ask_user, automation, plan, outputs",
             "<text>:9:13: agent \"a\": tool \"ghost__echo\" names unknown MCP server \"ghost\"; known MCP servers: none",
             "<text>:9:26: agent \"a\": unknown tool \"plain\"; tools listed here come from MCP servers, named \"<server id>__<tool>\" (known MCP servers: none); Rust tools need a binary that adds them (rein_server::App); plugin tools come with plugin_ids",
         ]
