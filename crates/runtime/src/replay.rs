@@ -28,6 +28,10 @@
 //! each firing is where the configured conditions *would* have acted, and
 //! the recorded run goes on as it went.
 //!
+//! The conditions a model judges (`llm_loop_check`, `task_complete`) need
+//! their models: [`replay`] leaves them out, [`replay_judged`] asks them
+//! over the history the events show (which lacks the user's messages).
+//!
 //! # Approval rules
 //!
 //! [`approvals`] reads the same recording for an agent's approval rules:

@@ -216,7 +216,13 @@ impl Run {
             Ok(Ok(response)) => response.usage,
             _ => None,
         };
-        self.release(reserved, usage.map_or(reserved, |u| u.total()));
+        // An answer without usage keeps its reservation; a failure spent
+        // nothing the run is told of.
+        let spent = match &outcome {
+            Ok(Ok(_)) => usage.map_or(reserved, |u| u.total()),
+            _ => 0,
+        };
+        self.release(reserved, spent);
         if let Some(permit) = permit {
             let spent = match &outcome {
                 Ok(Ok(_)) => usage.map(|u| u.total()),
