@@ -226,7 +226,7 @@ async fn malformed_output_errors_and_an_unavailable_model_are_skipped_never_a_st
     let (judge, seen) = judge(vec![
         ScriptedResponse::text("I think it is looping, yes.").with_usage(50, 10),
         ScriptedResponse::text(json!({ "reasoning": "r", "confidence": 7 }).to_string()),
-        ScriptedResponse::error(InferenceError::connection("judge host unreachable")),
+        ScriptedResponse::error(InferenceError::server("judge host answered 500")),
     ]);
     let spec =
         spec()
@@ -250,7 +250,7 @@ async fn malformed_output_errors_and_an_unavailable_model_are_skipped_never_a_st
     assert!(made[0].4.contains("no JSON object"), "{}", made[0].4);
     assert!(made[1].4.contains("`confidence`"), "{}", made[1].4);
     assert!(
-        made[2].4.contains("judge host unreachable"),
+        made[2].4.contains("judge host answered 500"),
         "{}",
         made[2].4
     );
@@ -758,5 +758,32 @@ async fn a_completion_judge_that_fails_answers_malformed_or_cannot_be_paid_for_c
         assert_eq!(made[0].0, "task_complete");
         assert_eq!(made[0].2, outcome, "{made:?}");
         assert!(made[0].4.contains(detail), "{made:?}");
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_or_rate_limited_judge_is_asked_once_and_the_check_fails() {
+    for error in [
+        InferenceError::connection("judge host unreachable"),
+        InferenceError::rate_limited("slow down", Some(Duration::from_secs(30))),
+    ] {
+        let (judge, seen) = judge(vec![ScriptedResponse::error(error.clone())]);
+        let spec = spec().with_max_rounds(2).with_stop_condition(every_round(
+            1,
+            5,
+            5,
+            5,
+            10,
+            OnDetect::Stop,
+        ));
+        let rt = runtime(looping(), judge, spec);
+        let sink = Arc::new(CollectingSink::new());
+        let result = rt.run(user("t", "go"), sink.clone()).await.unwrap();
+        assert_eq!(stopped(&result).code, "max_rounds");
+        assert_eq!(seen.lock().unwrap().len(), 1, "{error}: no second attempt");
+        let made = checks(&sink.events());
+        assert_eq!(made.len(), 1);
+        assert_eq!(made[0].2, "failed");
+        assert!(made[0].4.contains(error.message()), "{made:?}");
     }
 }

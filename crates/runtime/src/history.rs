@@ -190,16 +190,17 @@ pub(crate) fn is_valid(messages: &[Message]) -> bool {
     open.is_empty()
 }
 
-/// The last `n` messages of `messages`, trimmed so that the window does not
-/// start with a tool result (its call is outside it) and does not end with
-/// an assistant message whose calls have no results in it.
+/// The last `n` messages of `messages`, so that the window does not start
+/// with a tool result (it reaches back to the call's assistant message, a
+/// few messages past `n` at most: a round's results stay with their call)
+/// and does not end with an assistant message whose calls have no results
+/// in it.
 pub(crate) fn recent(messages: &[Message], n: usize) -> &[Message] {
-    let mut window = &messages[messages.len().saturating_sub(n)..];
-    while let [first, rest @ ..] = window
-        && first.role == Role::Tool
-    {
-        window = rest;
+    let mut start = messages.len().saturating_sub(n);
+    while start > 0 && messages[start].role == Role::Tool {
+        start -= 1;
     }
+    let mut window = &messages[start..];
     while let [rest @ .., last] = window
         && last.role == Role::Assistant
         && !last.tool_calls.is_empty()

@@ -281,6 +281,7 @@ async fn judge_rounds(spec: &AgentSpec, judged: &Judged, models: &[JudgingModel]
             let model = &models[check.index];
             let history = &judged.history[..end.len];
             let request = check.request(end.round, history, REPLAY_TASK, &model.model);
+            check.sent();
             let answer = match ask(&*model.executor, &request).await {
                 Ok(response) => check.parse(&response.text),
                 Err(error) => Err(format!("the model failed: {error}")),
@@ -605,7 +606,10 @@ impl Replayer {
             }
             self.judge.round_results(report);
         }
-        if let Some(judged) = &mut self.judged {
+        // A round that brought no answer (a failed attempt the recording
+        // does not mark, a run that ended in it) is not judged.
+        let answered = !response.text.is_empty() || !response.tool_calls.is_empty();
+        if let Some(judged) = self.judged.as_mut().filter(|_| answered) {
             let final_answer = response.tool_calls.is_empty();
             let InferenceResponse {
                 text, tool_calls, ..

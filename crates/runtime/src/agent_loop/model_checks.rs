@@ -199,6 +199,7 @@ impl Run {
             },
             None => None,
         };
+        check.sent();
         let executor = route.executor.clone();
         let work = ask(&*executor, &request);
         let outcome = tokio::select! {

@@ -94,6 +94,11 @@ impl Run {
             .await
             .map_err(super::store_failed)?;
         self.persisted = history.len();
+        // The run's input is somewhere before: its task is taken to be
+        // the thread's last user message.
+        if let Some(checks) = &mut self.checks {
+            checks.task_from = history.len();
+        }
         self.request.messages = Arc::new(history);
         self.steps = resumed.steps;
         self.usage = resumed.usage;

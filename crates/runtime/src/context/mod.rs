@@ -529,8 +529,14 @@ impl ContextWindow {
         let take =
             ((candidates.len() as f64 * fraction).ceil() as usize).clamp(1, candidates.len());
         let mut count = 0u32;
-        let mut replaced = Vec::new();
-        for &i in &candidates[..take] {
+        let mut replaced: Vec<(usize, Option<Message>)> = Vec::new();
+        // A step turns its share, and goes on past what could not be made
+        // smaller (a short result), so that a step changes something
+        // whenever anything still can.
+        for (n, &i) in candidates.iter().enumerate() {
+            if n >= take && replaced.iter().any(|(_, c)| c.is_some()) {
+                break;
+            }
             let message = &view.messages[i];
             let compacted = if message.role == Role::Tool {
                 offload_one(&*setup.artifacts, &self.thread_id, message, &calibration)
@@ -735,10 +741,14 @@ fn cut_for_summary(original: &Message, reference: &Message, max_chars: usize) ->
             cut -= 1;
         }
         message.content.truncate(cut);
-        message.content.push_str(&format!(
-            "\n[… cut for the summary; the whole text: {}]",
-            reference.content
-        ));
+        if reference.content == original.content {
+            message.content.push_str("\n[… cut for the summary]");
+        } else {
+            message.content.push_str(&format!(
+                "\n[… cut for the summary; the whole text: {}]",
+                reference.content
+            ));
+        }
     }
     message
 }

@@ -32,7 +32,8 @@ use std::sync::{Arc, LazyLock};
 use futures::StreamExt;
 use rein_runtime_contract::escalation::{EscalationAction, EscalationStep, Ladder};
 use rein_runtime_contract::inference::{
-    InferenceError, InferenceRequest, InferenceResponse, LlmExecutor, ResponseFormat,
+    InferenceError, InferenceErrorKind, InferenceRequest, InferenceResponse, LlmExecutor,
+    ResponseFormat,
 };
 use rein_runtime_contract::lifecycle::{StopConditionSpec, StoppedReason};
 use rein_runtime_contract::message::{Message, Role};
@@ -270,8 +271,9 @@ impl ModelCheck {
     }
 
     /// The request for `model` after round `round` of a run whose history
-    /// is `messages` and whose user's task is `task`. Counts the check as
-    /// made.
+    /// is `messages` and whose user's task is `task`. The loop check's
+    /// interval counts from this round whether or not the check is sent
+    /// ([`sent`](Self::sent) counts the checks sent).
     pub(crate) fn request(
         &mut self,
         round: u32,
@@ -279,7 +281,6 @@ impl ModelCheck {
         task: &str,
         model: &ModelSpec,
     ) -> InferenceRequest {
-        self.made += 1;
         if let Kind::Loop { last_check, .. } = &mut self.kind {
             *last_check = Some(round);
         }
@@ -307,6 +308,12 @@ impl ModelCheck {
                 .unwrap_or(DEFAULT_CHECK_OUTPUT_TOKENS),
         );
         request
+    }
+
+    /// The check was sent (it counts toward `max_checks`, whatever came
+    /// back).
+    pub(crate) fn sent(&mut self) {
+        self.made += 1;
     }
 
     /// Validates the model's answer `text`.
@@ -398,18 +405,35 @@ fn to_u32(n: usize) -> u32 {
 /// string `reasoning`, a `confidence` from 0 to 1 and, when `completion`,
 /// a boolean `complete`.
 pub(crate) fn parse_answer(text: &str, completion: bool) -> Result<Answer, String> {
-    let (Some(start), Some(end)) = (text.find('{'), text.rfind('}')) else {
+    if !text.contains('{') {
         return Err(format!(
             "the answer holds no JSON object: {:?}",
             crate::detectors::snippet(text, 200)
         ));
-    };
-    let object: Value = text
-        .get(start..=end)
-        .ok_or_else(|| "the answer holds no JSON object".to_owned())
-        .and_then(|json| {
-            serde_json::from_str(json).map_err(|e| format!("the answer is not valid JSON: {e}"))
-        })?;
+    }
+    // The first `{` that opens a whole JSON object (prose around it, or
+    // braces in the prose before it, are skipped).
+    let mut first_error = None;
+    let mut object = None;
+    for (at, _) in text.match_indices('{') {
+        let mut values = serde_json::Deserializer::from_str(&text[at..]).into_iter::<Value>();
+        match values.next() {
+            Some(Ok(value @ Value::Object(_))) => {
+                object = Some(value);
+                break;
+            }
+            Some(Err(e)) => {
+                first_error.get_or_insert_with(|| e.to_string());
+            }
+            _ => {}
+        }
+    }
+    let object = object.ok_or_else(|| {
+        format!(
+            "the answer is not valid JSON: {}",
+            first_error.unwrap_or_else(|| "no object".to_owned())
+        )
+    })?;
     let reasoning = object
         .get("reasoning")
         .and_then(Value::as_str)
@@ -442,9 +466,9 @@ pub(crate) fn parse_answer(text: &str, completion: bool) -> Result<Answer, Strin
 }
 
 /// Sends a check's `request` to `executor` and reads the whole answer.
-/// Two attempts, as Gemini CLI makes: after an error the request goes
-/// again in JSON mode with the schema alongside, for providers that refuse
-/// the JSON-schema response format.
+/// Two attempts, as Gemini CLI makes: after a refused request (an invalid
+/// request or a server error) it goes again in JSON mode with the schema
+/// alongside, for providers that refuse the JSON-schema response format.
 ///
 /// # Cancel safety
 ///
@@ -455,6 +479,16 @@ pub(crate) async fn ask(
 ) -> Result<InferenceResponse, InferenceError> {
     let first = match attempt(executor, request).await {
         Ok(response) => return Ok(response),
+        // A limit, a timeout or an unreachable host would refuse JSON mode
+        // too: only a refused request is tried again.
+        Err(error)
+            if !matches!(
+                error.kind(),
+                InferenceErrorKind::InvalidRequest | InferenceErrorKind::Server
+            ) =>
+        {
+            return Err(error);
+        }
         Err(first) => first,
     };
     let mut plain = request.clone();
@@ -486,14 +520,14 @@ async fn attempt(
 }
 
 /// The user's task in `messages`: the first user message from `from` on
-/// (a run's input starts there), else the first of all; empty if none.
+/// (a run's input starts there), else the last one before it; empty if
+/// none.
 pub(crate) fn task_of(messages: &[Message], from: usize) -> &str {
-    messages
-        .get(from..)
-        .unwrap_or_default()
+    let from = from.min(messages.len());
+    messages[from..]
         .iter()
-        .chain(messages)
         .find(|m| m.role == Role::User)
+        .or_else(|| messages[..from].iter().rev().find(|m| m.role == Role::User))
         .map_or("", |m| m.content.as_str())
 }
 
@@ -567,6 +601,7 @@ mod tests {
         );
         assert!(check.due(30, false));
         let _ = check.request(30, &[Message::user("task")], "task", &model);
+        check.sent();
         assert!(!check.due(39, false));
         assert!(check.due(40, false), "the first interval is 10");
         let low = Answer {
@@ -575,6 +610,7 @@ mod tests {
             complete: None,
         };
         let _ = check.request(40, &[], "task", &model);
+        check.sent();
         assert_eq!(check.judge("judge", &low, false), (Outcome::Clear, None));
         // round(5 + 10 × 0.9) = 14 rounds until the next check.
         assert!(!check.due(53, false));
@@ -585,6 +621,7 @@ mod tests {
             complete: None,
         };
         let _ = check.request(54, &[], "task", &model);
+        check.sent();
         let (outcome, verdict) = check.judge("judge", &high, false);
         assert_eq!(outcome, Outcome::Detected);
         match verdict {
@@ -603,7 +640,7 @@ mod tests {
     }
 
     #[test]
-    fn the_recent_window_neither_starts_with_a_result_nor_ends_with_an_open_call() {
+    fn the_recent_window_reaches_back_to_a_results_call_and_never_ends_with_an_open_call() {
         use rein_runtime_contract::message::ToolCall;
         let call = ToolCall::new("c1", "ls", json!({}));
         let messages = vec![
@@ -613,9 +650,12 @@ mod tests {
             Message::assistant("done"),
             Message::assistant_with_tools("", vec![call]),
         ];
+        // The last 3 start with a result: its call comes along; the open
+        // call at the end is left out.
         let window = recent(&messages, 3);
-        assert_eq!(window.len(), 1);
-        assert_eq!(window[0].content, "done");
+        assert_eq!(window.len(), 3);
+        assert_eq!(window[0].tool_calls.len(), 1);
+        assert_eq!(window[2].content, "done");
         let text = transcript(&messages[..4], Some(10));
         assert!(text.contains("[assistant called ls] {}"), "{text}");
         assert!(text.contains("[tool result] a b"), "{text}");

@@ -585,6 +585,10 @@ impl PhaseHook for End {
         let Some(plan) = ctx.state::<PlanKey>()?.clone() else {
             return Ok(());
         };
+        // A failed attempt is retried as usual; only an answer counts.
+        if ctx.inference().is_none() {
+            return Ok(());
+        }
         if finalizing {
             ctx.request_termination(TerminationReason::stopped(
                 "plan_completed",
@@ -629,14 +633,18 @@ impl PhaseHook for End {
     }
 }
 
-/// Drops the run's plan from the tool's table (RunEnd): the run's state
-/// and its export keep it.
+/// Drops the run's plan from the tool's table (RunEnd), keeping it in the
+/// run's state (which its export and stop report read): a `plan` call
+/// whose round was cut before its hooks ran is not lost.
 struct Forget(Plans);
 
 #[async_trait::async_trait]
 impl PhaseHook for Forget {
     async fn run(&self, ctx: &mut PhaseContext<'_>) -> Result<(), HookError> {
-        locked(&self.0).remove(ctx.run_id());
+        let plan = locked(&self.0).remove(ctx.run_id());
+        if plan.is_some() && *ctx.state::<PlanKey>()? != plan {
+            *ctx.state_mut::<PlanKey>()? = plan;
+        }
         Ok(())
     }
 }
