@@ -26,8 +26,9 @@
 //!
 //! The plan is the run's typed state under [`PlanKey`] (exported: read it
 //! with `AgentRunResult::exported::<PlanKey>()`), is in the stop report
-//! (`StopReport::plan`) and goes out as a `plan_updated` event after each
-//! round of tool calls that changed it, as it stands after them (AG-UI:
+//! (`StopReport::plan`) and goes out as a `plan_updated` event when a
+//! round's tool calls changed it, once they have all run (a sub-agent
+//! step's result recorded in the same round sends one more; AG-UI:
 //! `STATE_SNAPSHOT`, then `STATE_DELTA`s, of the state `{ "plan": … }`).
 //!
 //! # How the run ends
