@@ -787,3 +787,37 @@ async fn an_unreachable_or_rate_limited_judge_is_asked_once_and_the_check_fails(
         assert!(made[0].4.contains(error.message()), "{made:?}");
     }
 }
+
+#[tokio::test]
+async fn a_judge_s_429_pauses_its_limited_provider_for_every_run() {
+    let (judge, _) = judge(vec![ScriptedResponse::error(InferenceError::rate_limited(
+        "slow down",
+        Some(Duration::from_secs(30)),
+    ))]);
+    let spec =
+        spec()
+            .with_max_rounds(2)
+            .with_stop_condition(every_round(1, 5, 5, 5, 10, OnDetect::Stop));
+    let rt = builder_with(looping(), spec)
+        .with_model(ModelSpec::new("judge", "j", "judge-model"))
+        .with_provider("j", Arc::new(judge))
+        .with_provider_limits(
+            "j",
+            rein::limits::ProviderLimits::new().requests_per_minute(100),
+        )
+        .with_tool("echo", Arc::new(Echo("echo")))
+        .build()
+        .unwrap();
+    let result = rt.run_to_completion(user("t", "go")).await.unwrap();
+    assert_eq!(stopped(&result).code, "max_rounds");
+    let status = rt.provider_status().await;
+    let judge = status
+        .iter()
+        .find(|s| s.id == "j")
+        .expect("the judge's provider");
+    let paused = judge.usage.as_ref().and_then(|u| u.paused_ms);
+    assert!(
+        paused.is_some_and(|ms| ms > 20_000),
+        "the provider waits the 30 s it was told: {judge:?}"
+    );
+}

@@ -11,7 +11,8 @@
 //! its prompt is estimated (the agent's calibration) and the answer's
 //! `max_output_tokens` reserved; a check the run's token budget or its
 //! tree's pool cannot pay for is not sent (`skipped`). A check on a
-//! provider with limits waits for them like an inference.
+//! provider with limits waits for them like an inference, and a 429 it
+//! gets pauses that provider as an inference's does.
 //!
 //! # Failures
 //!
@@ -230,6 +231,23 @@ impl Run {
                 _ => Some(0),
             };
             permit.settle(spent).await;
+            // The judge's provider said to wait: every run on it waits, as
+            // after an inference's 429.
+            let pause = match &outcome {
+                Ok(Err(error)) => match (error.kind(), error.retry_after()) {
+                    (_, Some(after)) => Some(after),
+                    (rein_runtime_contract::inference::InferenceErrorKind::RateLimited, None) => {
+                        Some(self.backoff.delay(1, error))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            };
+            if let (Some(pause), Some(gate)) = (pause, &route.limits)
+                && pause > std::time::Duration::ZERO
+            {
+                gate.pause(pause).await;
+            }
         }
         let response = match outcome {
             Ok(Ok(response)) => response,
