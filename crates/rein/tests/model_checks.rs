@@ -14,13 +14,13 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use rein::contract::config::load_stop_conditions_yaml;
 use rein::contract::event::AgentEvent;
-use rein::contract::inference::{InferenceRequest, ResponseFormat};
+use rein::contract::inference::ResponseFormat;
 use rein::contract::lifecycle::{Confidence, OnDetect};
 use rein::detectors::{
     COMPLETION_INSTRUCTION, LLM_LOOP_NUDGE, LOOP_CHECK_INSTRUCTION, TASK_INCOMPLETE_NUDGE,
@@ -29,21 +29,10 @@ use rein::escalation::{EscalationAction, EscalationStep, Ladder};
 use rein::prelude::*;
 use serde_json::json;
 
-/// The requests a judging model received.
-type Seen = Arc<Mutex<Vec<InferenceRequest>>>;
-
 /// A judging model answering `answers` in turn (the last repeats),
 /// recording each request.
 fn judge(answers: Vec<ScriptedResponse>) -> (ScriptedExecutor, Seen) {
-    let seen: Seen = Arc::default();
-    let log = seen.clone();
-    let executor = ScriptedExecutor::from_fn(move |request| {
-        let mut log = log.lock().unwrap();
-        log.push(request.clone());
-        let i = (log.len() - 1).min(answers.len() - 1);
-        answers[i].clone()
-    });
-    (executor, seen)
+    recording_script(answers)
 }
 
 fn verdict(reasoning: &str, confidence: f64) -> ScriptedResponse {

@@ -14,27 +14,16 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use common::*;
-use rein::contract::inference::InferenceRequest;
 use rein::plugins::{FINALIZE_PROMPT, PlanKey, PlanPlugin, StepStatus};
 use rein::prelude::*;
 use serde_json::{Value, json};
 
-type Seen = Arc<Mutex<Vec<InferenceRequest>>>;
-
 /// A model that answers `script` in order, recording every request.
 fn model(script: Vec<ScriptedResponse>) -> (ScriptedExecutor, Seen) {
-    let seen: Seen = Arc::default();
-    let log = seen.clone();
-    let executor = ScriptedExecutor::from_fn(move |request| {
-        let mut log = log.lock().unwrap();
-        log.push(request.clone());
-        let i = (log.len() - 1).min(script.len() - 1);
-        script[i].clone()
-    });
-    (executor, seen)
+    recording_script(script)
 }
 
 fn runtime(executor: ScriptedExecutor, plugin: PlanPlugin) -> AgentRuntime {

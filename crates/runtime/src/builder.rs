@@ -530,14 +530,9 @@ impl AgentRuntimeBuilder {
                 return Err(BuildError::DuplicateAgent { agent_id: spec.id });
             }
             let model = resolve_model(&spec, &models)?;
-            let executor = providers
-                .get(model.provider_id.as_str())
-                .cloned()
-                .ok_or_else(|| BuildError::UnknownProvider {
-                    model_id: model.id.clone(),
-                    provider_id: model.provider_id.clone(),
-                    known: list(providers.keys().copied()),
-                })?;
+            let crate::agent::Route {
+                executor, limits, ..
+            } = route_to(model, &providers, &gates)?;
             let mut registrar = PluginRegistrar::new(&spec.id);
             let mut listed = HashSet::new();
             for plugin_id in &spec.plugin_ids {
@@ -670,7 +665,7 @@ impl AgentRuntimeBuilder {
                 guard: Agent::guard_items(&spec),
                 deadline: Agent::deadline_of(&spec),
                 model: model.clone(),
-                limits: gates.get(model.provider_id.as_str()).cloned(),
+                limits,
                 fallbacks: fallbacks(&spec, model, &models, &providers, &gates)?,
                 checks: check_routes(&spec, &models, &providers, &gates)?,
                 executor,

@@ -241,3 +241,20 @@ pub fn gated_runtime(respect_token: bool) -> (AgentRuntime, Arc<tokio::sync::Not
         .unwrap();
     (runtime, entered)
 }
+
+/// The requests a recording model received.
+pub type Seen = Arc<std::sync::Mutex<Vec<rein::contract::inference::InferenceRequest>>>;
+
+/// A model answering `script` in order (the last answer repeats), keeping
+/// every request it gets.
+pub fn recording_script(script: Vec<ScriptedResponse>) -> (ScriptedExecutor, Seen) {
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    let executor = ScriptedExecutor::from_fn(move |request| {
+        let mut log = log.lock().unwrap();
+        log.push(request.clone());
+        let i = (log.len() - 1).min(script.len() - 1);
+        script[i].clone()
+    });
+    (executor, seen)
+}
