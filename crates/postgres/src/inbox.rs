@@ -43,6 +43,8 @@ pub(crate) struct Row {
     pub idempotency_key: Option<String>,
     /// The messages' JSON text.
     pub messages: String,
+    /// An auto-mode round's session state (JSON text).
+    pub auto: Option<String>,
     /// Whether to tell the thread's owner (`NOTIFY rein_work`): for an
     /// `interrupt`, when the submitting process does not hold the thread
     /// (holding it, it starts the run itself).
@@ -140,12 +142,12 @@ async fn insert(pool: &PgPool, rows: &[Row]) -> Result<HashSet<String>, sqlx::Er
     let notify: Vec<bool> = rows.iter().map(|r| r.notify).collect();
     let inserted: Vec<String> = sqlx::query_scalar(
         "WITH input AS (
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::text[])
-                 WITH ORDINALITY AS s(run_id, thread_id, agent_id, interrupt, idempotency_key, messages, ord)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::text[], $8::text[])
+                 WITH ORDINALITY AS s(run_id, thread_id, agent_id, interrupt, idempotency_key, messages, auto, ord)
          ),
          ins AS (
-             INSERT INTO rein_runs (run_id, thread_id, agent_id, interrupt, idempotency_key, messages)
-             SELECT run_id, thread_id, agent_id, interrupt, idempotency_key, messages::jsonb
+             INSERT INTO rein_runs (run_id, thread_id, agent_id, interrupt, idempotency_key, messages, auto)
+             SELECT run_id, thread_id, agent_id, interrupt, idempotency_key, messages::jsonb, auto::jsonb
              FROM input ORDER BY ord
              ON CONFLICT DO NOTHING
              RETURNING run_id, thread_id, interrupt
@@ -165,6 +167,7 @@ async fn insert(pool: &PgPool, rows: &[Row]) -> Result<HashSet<String>, sqlx::Er
     .bind(keys)
     .bind(column(|r| r.messages.clone()))
     .bind(notify)
+    .bind(rows.iter().map(|r| r.auto.clone()).collect::<Vec<_>>())
     .fetch_all(pool)
     .await?;
     Ok(inserted.into_iter().collect())

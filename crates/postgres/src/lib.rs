@@ -58,7 +58,7 @@ pub use notify::{Listener, Notification};
 pub use retry::{is_transient, retry};
 pub use runs::{
     Claimed, NewRun, ORPHAN_GRACE, ParkedWake, PgRuns, RecordedDecision, StoredDecision,
-    StoredEvent, StoredPark, StoredRun, SubmitOutcome,
+    StoredEvent, StoredPark, StoredRun, StoredThreadAuto, SubmitOutcome,
 };
 pub use store::{LOST_WORKER_NOTE, PgThreadStore, WRITE_RETRY};
 

@@ -37,6 +37,7 @@ async fn submit_together(
             idempotency_key: key.as_deref(),
             messages: &messages,
             message_ids: &[],
+            auto: None,
         };
         let runs = runs.clone();
         async move { runs.submit(&new).await.unwrap() }

@@ -66,6 +66,8 @@ pub struct Assembled {
     /// With `store: postgres`: this process's handle on the database
     /// (leases, the fenced store, the runs every process shares).
     pub database: Option<Database>,
+    /// The agents' auto-mode defaults, by agent id.
+    pub agent_autos: Vec<(String, rein_service::AgentAuto)>,
 }
 
 impl Assembled {
@@ -73,12 +75,16 @@ impl Assembled {
     /// postgres`, in-process otherwise. Must be called within a tokio
     /// runtime.
     pub fn service(&self, settings: &crate::deployment::ServerSettings) -> Service {
-        match &self.database {
+        let service = match &self.database {
             Some(database) => {
                 Service::distributed(self.runtime.clone(), settings.service(), database.clone())
             }
             None => Service::new(self.runtime.clone(), settings.service()),
+        };
+        for (agent_id, defaults) in &self.agent_autos {
+            service.set_agent_auto(agent_id, defaults.clone());
         }
+        service
     }
 }
 
@@ -129,6 +135,11 @@ pub async fn start_with(
             runtime,
             mcp_servers,
             database: store,
+            agent_autos: deployment
+                .agents
+                .iter()
+                .filter_map(|a| Some((a.spec.id.clone(), a.auto.clone()?)))
+                .collect(),
         }),
         Err(e) => {
             for server in mcp_servers.values() {

@@ -20,14 +20,21 @@ use rein_runtime_contract::event::AgentEvent;
 use rein_runtime_contract::message::Message;
 use tokio_util::task::TaskTracker;
 
+use crate::auto::{AgentAuto, ThreadAuto};
 use crate::error::ServiceError;
-use crate::records::Records;
+use crate::mode::Mode;
+use crate::records::{RunEntry, Records};
+use crate::submission::{Strategy, Submission};
 use crate::settings::ServiceSettings;
 
 /// The parts of a service both modes use.
 #[derive(Debug)]
 pub(crate) struct Core {
     pub(crate) runtime: AgentRuntime,
+    /// Auto mode's thread totals and defaults, in-process mode.
+    pub(crate) autos: crate::auto::InMemory,
+    /// The agents' auto-mode defaults (from the deployment file).
+    pub(crate) agent_autos: std::sync::RwLock<std::collections::HashMap<String, AgentAuto>>,
     pub(crate) records: Arc<Records>,
     pub(crate) settings: ServiceSettings,
     /// Cancelled when the service shuts down.
@@ -40,6 +47,8 @@ impl Core {
     pub(crate) fn new(runtime: AgentRuntime, settings: ServiceSettings) -> Arc<Self> {
         Arc::new(Self {
             runtime,
+            autos: crate::auto::InMemory::default(),
+            agent_autos: std::sync::RwLock::default(),
             records: Arc::new(Records::new(settings.retention)),
             settings,
             closing: CancellationToken::new(),
@@ -172,5 +181,84 @@ impl Core {
             .map(|spec| spec.id.clone())
             .unwrap_or_default();
         Ok((request, agent_id))
+    }
+
+    /// The agent's auto-mode defaults, if the deployment gave it any.
+    pub(crate) fn agent_auto(&self, agent_id: &str) -> Option<AgentAuto> {
+        self.agent_autos
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(agent_id)
+            .cloned()
+    }
+
+    /// Ends an auto-mode round (a run whose entry carries a session):
+    /// adds its tokens and reports to the thread's totals, decides, submits
+    /// the next round or ends the session, sends the progress to the
+    /// thread's tail and puts the round's part in its record. Does nothing
+    /// for other runs.
+    pub(crate) async fn end_round(
+        &self,
+        mode: &dyn Mode,
+        entry: &Arc<RunEntry>,
+        result: &rein_runtime::AgentRunResult,
+    ) {
+        let Some(rounds) = entry.take_rounds() else {
+            return;
+        };
+        let reports = crate::auto::reports_of(result);
+        let totals = mode
+            .add_to_session(&entry.thread_id, result.usage.total(), &reports)
+            .await;
+        let mut end = match &totals {
+            Ok(totals) => crate::auto::end_round(&self.runtime, rounds, result, totals),
+            Err(e) => {
+                let stopped = ThreadAuto::default();
+                let mut end = crate::auto::end_round(&self.runtime, rounds, result, &stopped);
+                end.next = None;
+                let reason = format!("run error: the session's totals could not be stored: {e}");
+                tracing::warn!(thread_id = entry.thread_id, "auto-run stop condition: {reason}");
+                end.record.progress.push(format!("auto-run stop condition: {reason}"));
+                end.record.stop_reason = Some(reason);
+                end
+            }
+        };
+        if let Some((message, next)) = end.next.take() {
+            let submission = Submission {
+                agent_id: Some(entry.agent_id.clone()).filter(|a| !a.is_empty()),
+                messages: vec![message],
+                strategy: Strategy::Enqueue,
+                ..Submission::default()
+            };
+            match mode.submit(&entry.thread_id, submission, Some(next)).await {
+                Ok(submitted) => end.record.next_run_id = Some(submitted.entry().run_id.clone()),
+                Err(e) => {
+                    let reason = format!("run error: the next round could not be submitted: {e}");
+                    tracing::info!(
+                        thread_id = entry.thread_id,
+                        session = end.record.session_id,
+                        "auto-run stop condition: {reason}"
+                    );
+                    end.record.progress.push(format!("auto-run stop condition: {reason}"));
+                    end.record.stop_reason = Some(reason);
+                }
+            }
+        }
+        if let Some(stop) = &end.record.stop_reason
+            && end.events.len() < end.record.progress.len()
+        {
+            end.events.push(rein_runtime_contract::event::AgentEvent::Progress {
+                run_id: end.record.session_id.clone(),
+                thread_id: entry.thread_id.clone(),
+                message: format!("auto-run stop condition: {stop}"),
+                tokens_used_session: end.record.tokens_used_session,
+                max_tokens: end.record.max_tokens,
+                round_run_id: Some(entry.run_id.clone()),
+            });
+        }
+        for event in end.events {
+            self.records.send_to_tail(&entry.thread_id, event);
+        }
+        entry.set_auto(end.record);
     }
 }

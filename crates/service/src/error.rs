@@ -152,7 +152,9 @@ impl ServiceError {
         }
     }
 
-    pub(crate) fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Self {
+    /// [`ServiceError::InvalidField`]: `field` (its path in the input) and
+    /// what is wrong with it.
+    pub fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Self {
         Self::InvalidField {
             field: field.into(),
             problem: problem.into(),

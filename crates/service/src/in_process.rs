@@ -31,10 +31,12 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use rein_runtime::approvals::ParkedRun;
+use rein_runtime::auto::{AutoRounds, AutomationPolicy, MetricsReport};
 use rein_runtime::{AgentRunResult, RunExit, RunHandle, RunRequest};
 use rein_runtime_contract::event::CancelCause;
 use rein_runtime_contract::lifecycle::TerminationReason;
 
+use crate::auto::{RunMode, ThreadAuto};
 use crate::core::Core;
 use rein_runtime::approvals::{ApprovalError, Decided};
 use rein_runtime_contract::approval::{Decision, PendingApproval};
@@ -275,6 +277,7 @@ impl InProcess {
         lane: &Arc<Lane>,
         thread_id: &str,
         s: Submission,
+        rounds: Option<AutoRounds>,
     ) -> Result<Submitted, ServiceError> {
         let _serial = lane.submit.lock().await;
         let core = &self.core;
@@ -335,6 +338,17 @@ impl InProcess {
             },
         };
         let run_id = entry.run_id.clone();
+        let mut request = request;
+        if let Some(mut rounds) = rounds {
+            if rounds.session_id.is_empty() {
+                rounds.session_id = format!("auto-{run_id}");
+            }
+            let tokens = core.autos.get(thread_id).tokens_used_session;
+            if let Some(budget) = rounds.round_budget(tokens) {
+                request = request.with_token_budget(budget);
+            }
+            entry.set_rounds(rounds, tokens);
+        }
         let request = request
             .with_run_id(&run_id)
             .with_cancellation(entry.cancellation().clone())
@@ -396,6 +410,8 @@ impl InProcess {
                     TerminationReason::Error(e.to_string()),
                 ),
             };
+            // An auto-mode round: its end may queue the next one.
+            mode.core.end_round(&*mode, &entry, &result).await;
             let dropped = mode.core.records.finish(&entry, result);
             mode.forget_keys(dropped);
             let serial = lane.submit.lock().await;
@@ -489,9 +505,14 @@ impl InProcess {
 
 #[async_trait::async_trait]
 impl Mode for InProcess {
-    async fn submit(&self, thread_id: &str, s: Submission) -> Result<Submitted, ServiceError> {
+    async fn submit(
+        &self,
+        thread_id: &str,
+        s: Submission,
+        rounds: Option<AutoRounds>,
+    ) -> Result<Submitted, ServiceError> {
         let lane = self.lane(thread_id);
-        let outcome = self.submit_in(&lane, thread_id, s).await;
+        let outcome = self.submit_in(&lane, thread_id, s, rounds).await;
         drop(lane);
         if outcome.is_err() {
             self.tidy(thread_id);
@@ -642,6 +663,7 @@ impl Mode for InProcess {
         self.end_parked(&lane).await;
         let outcome = self.core.runtime.delete_thread(thread_id).await;
         if outcome.is_ok() {
+            self.core.autos.delete(thread_id);
             let mut state = lane.state();
             state.keys.clear();
             state.message_ids.clear();
@@ -664,6 +686,34 @@ impl Mode for InProcess {
     }
 
     async fn health(&self) -> Result<(), ServiceError> {
+        Ok(())
+    }
+
+    async fn thread_auto(&self, thread_id: &str) -> Result<ThreadAuto, ServiceError> {
+        Ok(self.core.autos.get(thread_id))
+    }
+
+    async fn set_auto_defaults(
+        &self,
+        thread_id: &str,
+        run_mode: Option<RunMode>,
+        policy: Option<Option<AutomationPolicy>>,
+    ) -> Result<(), ServiceError> {
+        self.core.autos.set_defaults(thread_id, run_mode, policy);
+        Ok(())
+    }
+
+    async fn add_to_session(
+        &self,
+        thread_id: &str,
+        tokens: u64,
+        reports: &[MetricsReport],
+    ) -> Result<ThreadAuto, ServiceError> {
+        Ok(self.core.autos.add(thread_id, tokens, reports))
+    }
+
+    async fn reset_session(&self, thread_id: &str) -> Result<(), ServiceError> {
+        self.core.autos.reset(thread_id);
         Ok(())
     }
 

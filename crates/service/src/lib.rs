@@ -52,6 +52,7 @@
 //! # }
 //! ```
 
+pub mod auto;
 mod core;
 #[cfg(feature = "postgres")]
 mod distributed;
@@ -76,6 +77,7 @@ use rein_runtime_contract::message::Message;
 
 #[cfg(feature = "postgres")]
 pub use distributed::LOST_RUN;
+pub use auto::{AgentAuto, AutoRecord, RunMode, ThreadAuto};
 pub use error::ServiceError;
 pub use listing::{
     Cursor, MAX_PAGE, Page, Parent, RunFilter, RunSummary, ThreadFilter, ThreadSummary,
@@ -202,7 +204,100 @@ impl Service {
             return Err(ServiceError::ShuttingDown);
         }
         submission.validate(thread_id)?;
-        self.mode.submit(thread_id, submission).await
+        let rounds = self.auto_rounds(thread_id, &submission).await?;
+        let defaults = (submission.run_mode, submission.automation_policy.clone());
+        let submitted = self.mode.submit(thread_id, submission, rounds).await?;
+        if let (Submitted::New(_), (mode, policy)) = (&submitted, defaults)
+            && (mode.is_some() || policy.is_some())
+        {
+            // What a submission names becomes the thread's default.
+            self.mode.set_auto_defaults(thread_id, mode, policy).await?;
+        }
+        Ok(submitted)
+    }
+
+    /// The auto-mode session a submission starts, by the precedence in
+    /// [`crate::auto`]; `None` for a single run.
+    async fn auto_rounds(
+        &self,
+        thread_id: &str,
+        submission: &Submission,
+    ) -> Result<Option<rein_runtime::auto::AutoRounds>, ServiceError> {
+        if submission.run_mode == Some(RunMode::Single) {
+            return Ok(None);
+        }
+        let runtime = &self.core.runtime;
+        let agent_id = runtime
+            .agent_spec(submission.agent_id.as_deref())
+            .map(|spec| spec.id.clone());
+        let agent = agent_id.as_deref().and_then(|id| self.core.agent_auto(id));
+        // Without a mode named, only a stored or agent default makes it auto.
+        let thread = self.mode.thread_auto(thread_id).await?;
+        let Some(policy) = auto::resolve(
+            submission.run_mode,
+            submission.automation_policy.as_ref(),
+            &thread,
+            agent.as_ref(),
+        ) else {
+            return Ok(None);
+        };
+        // The session's id is made from its first round's run id.
+        Ok(Some(rein_runtime::auto::AutoRounds::new(
+            runtime,
+            agent_id.as_deref(),
+            String::new(),
+            policy,
+        )))
+    }
+
+    /// Sets an agent's auto-mode defaults (the deployment file's
+    /// `run_mode` and `automation_policy`): submissions to it that name no
+    /// mode, on threads with no stored default, use them. Call before
+    /// serving.
+    pub fn set_agent_auto(&self, agent_id: &str, defaults: AgentAuto) {
+        self.core
+            .agent_autos
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(agent_id.to_owned(), defaults);
+    }
+
+    /// The thread's auto-mode defaults and session totals
+    /// (`tokens_used_session`, reports).
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::StoreUnavailable`] in distributed mode.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
+    pub async fn thread_auto(&self, thread_id: &str) -> Result<ThreadAuto, ServiceError> {
+        self.mode.thread_auto(thread_id).await
+    }
+
+    /// The source's `/new`: cancels the thread's runs, drops its history,
+    /// keys and message ids (as [`delete_thread`](Self::delete_thread)),
+    /// and clears its auto-mode session totals — tokens and reports — while
+    /// its stored defaults stay.
+    ///
+    /// # Errors
+    ///
+    /// As for [`delete_thread`](Self::delete_thread).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped midway, the history may be gone and the
+    /// totals kept.
+    pub async fn reset_session(&self, thread_id: &str) -> Result<(), ServiceError> {
+        let defaults = self.mode.thread_auto(thread_id).await?;
+        self.mode.delete_thread(thread_id).await?;
+        if defaults.run_mode.is_some() || defaults.policy.is_some() {
+            self.mode
+                .set_auto_defaults(thread_id, defaults.run_mode, defaults.policy)
+                .await?;
+        }
+        self.mode.reset_session(thread_id).await
     }
 
     /// A run's entry, kept up to date until the run finishes: in

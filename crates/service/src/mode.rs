@@ -14,6 +14,9 @@ use std::sync::Arc;
 use rein_runtime::approvals::Decided;
 use rein_runtime_contract::approval::{Decision, PendingApproval};
 
+use rein_runtime::auto::{AutoRounds, AutomationPolicy, MetricsReport};
+
+use crate::auto::{RunMode, ThreadAuto};
 use crate::error::ServiceError;
 use crate::listing::{Page, RunFilter, RunSummary, ThreadFilter, ThreadSummary};
 use crate::records::RunEntry;
@@ -23,8 +26,38 @@ use crate::submission::{Submission, Submitted};
 /// and cancel safety are documented there.
 #[async_trait::async_trait]
 pub(crate) trait Mode: Send + Sync + std::fmt::Debug {
-    /// Accepts a checked submission (ids validated, not shutting down).
-    async fn submit(&self, thread_id: &str, s: Submission) -> Result<Submitted, ServiceError>;
+    /// Accepts a checked submission (ids validated, not shutting down);
+    /// with `rounds`, its run is a round of that auto-mode session (whose
+    /// empty `session_id` is made from the run's id).
+    async fn submit(
+        &self,
+        thread_id: &str,
+        s: Submission,
+        rounds: Option<AutoRounds>,
+    ) -> Result<Submitted, ServiceError>;
+
+    /// The thread's auto-mode defaults and session totals.
+    async fn thread_auto(&self, thread_id: &str) -> Result<ThreadAuto, ServiceError>;
+
+    /// Stores the thread's auto-mode defaults (each only when given).
+    async fn set_auto_defaults(
+        &self,
+        thread_id: &str,
+        run_mode: Option<RunMode>,
+        policy: Option<Option<AutomationPolicy>>,
+    ) -> Result<(), ServiceError>;
+
+    /// Adds a round's tokens and reports to the thread's session totals;
+    /// the totals after.
+    async fn add_to_session(
+        &self,
+        thread_id: &str,
+        tokens: u64,
+        reports: &[MetricsReport],
+    ) -> Result<ThreadAuto, ServiceError>;
+
+    /// Clears the thread's session totals (its defaults stay).
+    async fn reset_session(&self, thread_id: &str) -> Result<(), ServiceError>;
 
     /// A run's entry, up to date with the mode's truth, followed until it
     /// finishes.

@@ -118,6 +118,10 @@ pub struct RunRecord {
     /// decided and when.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub decisions: Vec<DecisionRecord>,
+    /// For an auto-mode round: its session, the session's tokens, and
+    /// what its end decided (`crate::auto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto: Option<crate::auto::AutoRecord>,
 }
 
 /// A decision taken on one of a run's pending calls, from its
@@ -247,6 +251,10 @@ struct EntryState {
     decisions: Vec<DecisionRecord>,
     /// When it finished, in microseconds since the Unix epoch.
     finished_us: Option<u64>,
+    /// For an auto-mode round: its session's state, until its end decides.
+    rounds: Option<rein_runtime::auto::AutoRounds>,
+    /// For an auto-mode round: its part of the record.
+    auto: Option<crate::auto::AutoRecord>,
 }
 
 impl RunEntry {
@@ -274,6 +282,8 @@ impl RunEntry {
                 pending: Vec::new(),
                 decisions: Vec::new(),
                 finished_us: None,
+                rounds: None,
+                auto: None,
             }),
             changed: watch::channel(0).0,
             driven_here: std::sync::atomic::AtomicBool::new(false),
@@ -317,6 +327,34 @@ impl RunEntry {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Makes the run a round of an auto-mode session, whose thread has
+    /// used `tokens_used_session` so far.
+    pub(crate) fn set_rounds(
+        &self,
+        rounds: rein_runtime::auto::AutoRounds,
+        tokens_used_session: u64,
+    ) {
+        let mut state = self.state();
+        state.auto = Some(crate::auto::AutoRecord::running(&rounds, tokens_used_session));
+        state.rounds = Some(rounds);
+    }
+
+    /// The session's state, for a round whose end has not been decided
+    /// (taken: a round ends once).
+    pub(crate) fn take_rounds(&self) -> Option<rein_runtime::auto::AutoRounds> {
+        self.state().rounds.take()
+    }
+
+    /// The round's part of the record, as its end decided.
+    pub(crate) fn set_auto(&self, record: crate::auto::AutoRecord) {
+        self.state().auto = Some(record);
+    }
+
+    /// The round's part of the record, if the run is a round.
+    pub(crate) fn auto(&self) -> Option<crate::auto::AutoRecord> {
+        self.state().auto.clone()
+    }
+
     /// The record as served.
     pub fn record(&self) -> RunRecord {
         let state = self.state();
@@ -339,6 +377,7 @@ impl RunEntry {
                 children: Vec::new(),
                 pending_approvals: state.pending.clone(),
                 decisions: Vec::new(),
+                auto: None,
             },
         };
         record.decisions.clone_from(&state.decisions);
@@ -347,6 +386,7 @@ impl RunEntry {
             record.parent_call_id = Some(call.clone());
         }
         record.children.clone_from(&state.children);
+        record.auto.clone_from(&state.auto);
         record
     }
 
@@ -779,6 +819,15 @@ impl Records {
         }
     }
 
+    /// Sends an event that belongs to no run (auto mode's progress) to the
+    /// thread's live tail.
+    pub(crate) fn send_to_tail(&self, thread_id: &str, event: AgentEvent) {
+        let tail = self.tail(thread_id);
+        tail.send(Arc::new(LoggedEvent::emitted(0, event)));
+        drop(tail);
+        self.release_tail(thread_id);
+    }
+
     /// Drops a thread's tail that nobody holds (no run's sink, no
     /// listener): the next user makes a new one.
     fn tidy_tail(inner: &mut Inner, thread_id: &str) {
@@ -893,6 +942,7 @@ pub(crate) fn finished_record(
         children: Vec::new(),
         pending_approvals: Vec::new(),
         decisions: Vec::new(),
+        auto: None,
     }
 }
 

@@ -73,6 +73,12 @@ pub struct Submission {
     /// The run's id, when the client chooses it (AG-UI); else one is made
     /// that no client-chosen id can take.
     pub run_id: Option<String>,
+    /// `auto` starts an auto-mode session, `single` one run; when given,
+    /// also the thread's stored default ([`crate::auto`]).
+    pub run_mode: Option<crate::auto::RunMode>,
+    /// The session's policy (`Some(None)`: explicitly none); when given,
+    /// also the thread's stored default.
+    pub automation_policy: Option<Option<rein_runtime::auto::AutomationPolicy>>,
 }
 
 impl Submission {

@@ -59,11 +59,13 @@ macro_rules! waiting {
     };
 }
 
+mod auto;
 mod orphans;
 mod submit;
 
 use crate::inbox::Inbox;
 pub(crate) use decisions::parked_call_ids;
+pub use auto::StoredThreadAuto;
 pub use decisions::{RecordedDecision, StoredDecision, StoredPark};
 pub use orphans::ORPHAN_GRACE;
 pub use parked::ParkedWake;
@@ -89,6 +91,8 @@ pub struct NewRun<'a> {
     /// if any was recorded meanwhile the submission is refused with
     /// [`SubmitOutcome::MessagesSeen`] (read them again and resubmit).
     pub message_ids: &'a [String],
+    /// For an auto-mode round: the session's state, stored with the run.
+    pub auto: Option<&'a Value>,
 }
 
 /// What [`PgRuns::submit`] did.
@@ -118,6 +122,8 @@ pub struct Claimed {
     pub messages: Value,
     /// Whether a cancel was asked while it was queued.
     pub cancel_requested: bool,
+    /// For an auto-mode round: the session's state stored with it.
+    pub auto: Option<Value>,
 }
 
 /// A run as stored.
@@ -236,7 +242,7 @@ impl PgRuns {
         let Some(fence) = self.fence(thread_id) else {
             return Ok(None);
         };
-        let row: Option<(String, String, Value, bool)> = sqlx::query_as(fenced!(
+        let row: Option<(String, String, Value, bool, Option<Value>)> = sqlx::query_as(fenced!(
             "next AS (
                  SELECT run_id FROM rein_runs
                  WHERE thread_id = $1 AND status = 'queued' AND ($4 = false OR interrupt)
@@ -248,7 +254,7 @@ impl PgRuns {
              )
              UPDATE rein_runs AS r SET status = 'running', started_at = now(), worker = $3
              FROM next WHERE r.run_id = next.run_id
-             RETURNING r.run_id, r.agent_id, r.messages, r.cancel_requested"
+             RETURNING r.run_id, r.agent_id, r.messages, r.cancel_requested, r.auto"
         ))
         .bind(thread_id)
         .bind(fence)
@@ -257,11 +263,12 @@ impl PgRuns {
         .fetch_optional(&self.pool)
         .await?;
         Ok(
-            row.map(|(run_id, agent_id, messages, cancel_requested)| Claimed {
+            row.map(|(run_id, agent_id, messages, cancel_requested, auto)| Claimed {
                 run_id,
                 agent_id,
                 messages: crate::nul::decode(messages),
                 cancel_requested,
+                auto,
             }),
         )
     }
@@ -639,8 +646,8 @@ impl PgRuns {
         if self.fence(thread_id).is_none() {
             return Ok(Vec::new());
         }
-        let rows: Vec<(String, String, Value, bool)> = sqlx::query_as(
-            "SELECT run_id, agent_id, messages, cancel_requested FROM rein_runs
+        let rows: Vec<(String, String, Value, bool, Option<Value>)> = sqlx::query_as(
+            "SELECT run_id, agent_id, messages, cancel_requested, auto FROM rein_runs
              WHERE thread_id = $1 AND status = 'running' AND worker = $2
                AND NOT EXISTS (SELECT 1 FROM rein_events e WHERE e.run_id = rein_runs.run_id)
              ORDER BY seq",
@@ -651,11 +658,12 @@ impl PgRuns {
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(run_id, agent_id, messages, cancel_requested)| Claimed {
+            .map(|(run_id, agent_id, messages, cancel_requested, auto)| Claimed {
                 run_id,
                 agent_id,
                 messages: crate::nul::decode(messages),
                 cancel_requested,
+                auto,
             })
             .collect())
     }
@@ -701,8 +709,8 @@ impl PgRuns {
         .await
     }
 
-    /// Forgets the thread's idempotency keys and client message ids (the
-    /// thread was deleted).
+    /// Forgets the thread's idempotency keys, client message ids and
+    /// auto-mode defaults and totals (the thread was deleted).
     ///
     /// # Errors
     ///
@@ -714,7 +722,8 @@ impl PgRuns {
     /// been committed; calling it again is safe.
     pub async fn forget_keys(&self, thread_id: &str) -> Result<(), sqlx::Error> {
         sqlx::query(
-            "WITH ids AS (DELETE FROM rein_message_ids WHERE thread_id = $1)
+            "WITH ids AS (DELETE FROM rein_message_ids WHERE thread_id = $1),
+                  autos AS (DELETE FROM rein_thread_auto WHERE thread_id = $1)
              UPDATE rein_runs SET idempotency_key = NULL WHERE thread_id = $1",
         )
         .bind(thread_id)

@@ -35,6 +35,7 @@ impl PgRuns {
             interrupt: new.interrupt,
             idempotency_key: new.idempotency_key.map(str::to_owned),
             messages: crate::nul::encode(new.messages).to_string(),
+            auto: new.auto.map(ToString::to_string),
             // An `enqueue` waits for the thread's current run, whose
             // holder claims the next one when it ends (and, giving the
             // thread up, looks once more and says `r:`): only an
@@ -104,8 +105,8 @@ impl PgRuns {
         }
         let inserted = sqlx::query_scalar::<_, String>(
             "WITH ins AS (
-                 INSERT INTO rein_runs (run_id, thread_id, agent_id, interrupt, idempotency_key, messages)
-                 VALUES ($1, $2, $3, $4, $5, $6)
+                 INSERT INTO rein_runs (run_id, thread_id, agent_id, interrupt, idempotency_key, messages, auto)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
                  ON CONFLICT (thread_id, idempotency_key) DO NOTHING
                  RETURNING run_id
              )
@@ -118,6 +119,7 @@ impl PgRuns {
         .bind(new.interrupt)
         .bind(new.idempotency_key)
         .bind(messages.as_ref())
+        .bind(new.auto)
         .fetch_optional(&mut *tx)
         .await;
         match inserted {

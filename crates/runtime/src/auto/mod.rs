@@ -68,6 +68,7 @@ mod heuristics;
 mod metrics;
 mod monologue;
 mod policy;
+mod rounds;
 pub(crate) mod session;
 
 pub use decide::LOOP_STOP_CODES;
@@ -77,6 +78,7 @@ pub use heuristics::{
 };
 pub use metrics::{AutomationPlugin, MetricsReport, MetricsReports};
 pub use policy::{AutomationPolicy, Goal, Logic, Operator};
+pub use rounds::{AutoRounds, RoundStep, Verdict};
 
 use std::sync::Arc;
 
@@ -85,12 +87,9 @@ use rein_runtime_contract::event::{AgentEvent, EventSink};
 use rein_runtime_contract::message::Message;
 
 use crate::builder::AgentRuntimeBuilder;
-use crate::detectors::{PROCEED_NUDGE, STUCK_NUDGE};
 use crate::run::{AgentRunResult, RunRequest};
 use crate::runtime::{AgentRuntime, RuntimeError};
-use decide::{Decision, RoundChecks, continuation, decide};
-use monologue::{Monologue, Repeat};
-use rein_runtime_contract::lifecycle::{StopConditionSpec, TerminationReason};
+use rein_runtime_contract::lifecycle::StopConditionSpec;
 use session::{SessionObserver, Sessions};
 
 /// The default hard ceiling on rounds per `auto_run`.
@@ -225,11 +224,6 @@ impl AgentRuntime {
     ) -> Result<AutoRunResult, RuntimeError> {
         let policy = policy.filter(|p| !p.is_empty());
         let sink = request.event_sink.clone().unwrap_or(sink);
-        let settings = self
-            .extension::<AutoSettings>()
-            .map(|s| (*s).clone())
-            .unwrap_or_default();
-        let ceiling = settings.ceiling;
         let sessions = self.auto_state().sessions.clone();
         let thread = request.thread_id.clone();
         let session_id = self.next_id("auto");
@@ -247,25 +241,17 @@ impl AgentRuntime {
             thread_id: &thread,
             max_tokens: policy.as_ref().and_then(|p| p.max_tokens),
         };
-        let mut monologue = Monologue::new(self.stuck_duplicates(request.agent_id.as_deref()));
+        let mut rounds = AutoRounds::new(self, request.agent_id.as_deref(), &session_id, policy);
         let mut runs: Vec<AgentRunResult> = Vec::new();
-        let max_tokens = policy.as_ref().and_then(|p| p.max_tokens);
-        let agent_budget = self.token_budget(request.agent_id.as_deref());
-        let proceed_nudges = self.proceed_nudges(request.agent_id.as_deref());
-        let mut proceed_used = 0;
         let mut round_request = request.clone().with_cancellation(token.clone());
         loop {
-            let round = u32::try_from(runs.len())
-                .unwrap_or(u32::MAX)
-                .saturating_add(1);
             // A cancel between rounds, or while the last one was finishing.
             if token.is_cancelled() {
                 let tokens = sessions.tokens(&thread);
                 return Ok(report.stop("cancelled".to_owned(), runs, tokens));
             }
             // What remains of the session's budget is this round's own.
-            let round_budget = max_tokens.map(|max| max.saturating_sub(sessions.tokens(&thread)));
-            if let Some(budget) = round_budget {
+            if let Some(budget) = rounds.round_budget(sessions.tokens(&thread)) {
                 let own = round_request.token_budget.unwrap_or(u64::MAX);
                 round_request = round_request.with_token_budget(budget.min(own));
             }
@@ -283,76 +269,24 @@ impl AgentRuntime {
                 }
             };
             let session = sessions.get(&thread);
-            report.progress(
-                Some(&result),
-                format!("auto-run round {round} finished: {}", result.termination),
-                session.tokens,
-            );
-            let blocked = settings
-                .guardrail
-                .as_ref()
-                .and_then(|g| g.check(&thread, &result));
-            if let Some(reason) = &blocked {
-                report.progress(
-                    Some(&result),
-                    format!("auto-run guardrail blocked: {reason}"),
-                    session.tokens,
-                );
-            }
-            let repeat = monologue.observe(&result.response);
-            let stuck = match &repeat {
-                Repeat::Stop(detail) => Some(detail.as_str()),
-                Repeat::No | Repeat::Nudge => None,
-            };
-            // The session's budget refused the round's next call (not the
-            // agent's own `token_budget`, which replans as before).
-            let budget_refused = matches!(
-                &result.termination,
-                TerminationReason::Stopped(r)
-                    if r.code == "token_budget"
-                        && round_budget.is_some_and(|b| agent_budget.is_none_or(|a| b <= a))
-            );
-            let awaiting_user = match &result.termination {
-                TerminationReason::Stopped(r) if r.code == "awaiting_user" => {
-                    Some(r.detail.as_str())
-                }
-                _ => None,
-            };
-            let checks = RoundChecks {
-                guardrail: blocked.as_deref(),
-                monologue: stuck,
-                budget_refused,
-                awaiting_user,
-                proceed_left: proceed_used < proceed_nudges,
-            };
-            match decide(&result, &session, policy.as_ref(), round, ceiling, &checks) {
-                Decision::Stop(stop_reason) => {
+            let step = rounds.after_round(self, &result, session.tokens, &session.reports);
+            match step.verdict {
+                Verdict::Stop { stop_reason } => {
+                    // The last message is the stop's own, which `stop`
+                    // reports (and logs).
+                    let before_stop = step.progress.len().saturating_sub(1);
+                    for message in &step.progress[..before_stop] {
+                        report.progress(Some(&result), message.clone(), session.tokens);
+                    }
                     runs.push(result);
                     return Ok(report.stop(stop_reason, runs, session.tokens));
                 }
-                Decision::Replan => {
-                    let mut text = continuation(policy.as_ref(), &session, round + 1, ceiling);
-                    if awaiting_user.is_some() {
-                        proceed_used += 1;
-                        report.progress(
-                            Some(&result),
-                            format!("auto-run nudge: {PROCEED_NUDGE}"),
-                            session.tokens,
-                        );
-                        text.push(' ');
-                        text.push_str(PROCEED_NUDGE);
-                    }
-                    if repeat == Repeat::Nudge {
-                        report.progress(
-                            Some(&result),
-                            format!("auto-run nudge: {STUCK_NUDGE}"),
-                            session.tokens,
-                        );
-                        text.push(' ');
-                        text.push_str(STUCK_NUDGE);
+                Verdict::Continue { message } => {
+                    for said in &step.progress {
+                        report.progress(Some(&result), said.clone(), session.tokens);
                     }
                     round_request = request.clone().with_cancellation(token.clone());
-                    round_request.messages = vec![Message::user(text)];
+                    round_request.messages = vec![Message::user(message)];
                     round_request.tool_choice = None;
                     runs.push(result);
                 }
@@ -373,7 +307,7 @@ impl AgentRuntime {
 
     /// The agent's `stuck` setting (its first `stuck` stop condition), 2
     /// when it lists none: the cross-round rule uses the same count.
-    fn stuck_duplicates(&self, agent_id: Option<&str>) -> usize {
+    pub(crate) fn stuck_duplicates(&self, agent_id: Option<&str>) -> usize {
         self.setting(agent_id, |c| match c {
             StopConditionSpec::Stuck { duplicates } => Some(*duplicates),
             _ => None,
@@ -383,7 +317,7 @@ impl AgentRuntime {
 
     /// The agent's `awaiting_user` setting: "proceed" nudges per session
     /// (0 when it lists none).
-    fn proceed_nudges(&self, agent_id: Option<&str>) -> usize {
+    pub(crate) fn proceed_nudges(&self, agent_id: Option<&str>) -> usize {
         self.setting(agent_id, |c| match c {
             StopConditionSpec::AwaitingUser { auto_nudges } => Some(*auto_nudges),
             _ => None,
@@ -392,7 +326,7 @@ impl AgentRuntime {
     }
 
     /// The agent's smallest `token_budget`, if it has one.
-    fn token_budget(&self, agent_id: Option<&str>) -> Option<u64> {
+    pub(crate) fn token_budget(&self, agent_id: Option<&str>) -> Option<u64> {
         self.agent_spec(agent_id)
             .and_then(crate::builder::smallest_token_budget)
     }

@@ -27,7 +27,7 @@ pub(crate) enum Repeat {
 }
 
 /// The answers of one session's rounds.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Monologue {
     duplicates: usize,
     answers: Vec<String>,

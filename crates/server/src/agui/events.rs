@@ -38,6 +38,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use rein::TerminationReason;
 use rein::contract::approval::PendingKind;
 use rein::events::AgentEvent;
+use rein_service::AutoRecord;
 use serde_json::{Value, json};
 
 /// One run of the tree, as the stream has seen it so far.
@@ -319,6 +320,8 @@ pub(super) struct Translator {
     /// Whether the root's plan was sent as a `STATE_SNAPSHOT` (the next
     /// changes are `STATE_DELTA`s).
     state_sent: bool,
+    /// Auto mode: the session's end, for `RUN_FINISHED`'s result.
+    session_end: Option<AutoRecord>,
 }
 
 impl Translator {
@@ -334,7 +337,57 @@ impl Translator {
             emitted: Vec::new(),
             done: false,
             state_sent: false,
+            session_end: None,
         }
+    }
+
+    /// Auto mode: a round's progress as `CUSTOM` `progress` events, each
+    /// with the session's tokens (and `max_tokens` when the policy has a
+    /// budget), as the source's progress messages carry them.
+    fn progress(auto: &AutoRecord, round_run_id: &str) -> Vec<String> {
+        auto.progress
+            .iter()
+            .map(|message| {
+                let mut value = json!({
+                    "message": message,
+                    "session_id": auto.session_id,
+                    "round": auto.round,
+                    "round_run_id": round_run_id,
+                    "tokens_used_session": auto.tokens_used_session,
+                });
+                if let Some(max) = auto.max_tokens {
+                    value["max_tokens"] = json!(max);
+                }
+                json!({"type": "CUSTOM", "name": "progress", "value": value}).to_string()
+            })
+            .collect()
+    }
+
+    /// Auto mode: the round the stream follows ended and the session goes
+    /// on with `next_run`. Ends what the round opened (as its end would),
+    /// reports its progress, and follows the next round, all within the
+    /// one AG-UI run.
+    pub(super) fn next_round(&mut self, auto: &AutoRecord, next_run: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Some(child) = self.open_children.last().cloned() {
+            self.finish_child(&child, None, &mut out);
+        }
+        if let Some(root) = self.runs.get_mut(&self.root) {
+            root.end_step(&mut out);
+        }
+        let mut texts: Vec<String> = out.into_iter().map(|v| v.to_string()).collect();
+        texts.extend(Self::progress(auto, &self.root));
+        self.root = next_run.to_owned();
+        self.runs = HashMap::from([(next_run.to_owned(), Run::new(None, None))]);
+        texts
+    }
+
+    /// Auto mode: the round the stream follows is the session's last. Its
+    /// progress (the stop condition last) goes out now; `RUN_FINISHED`'s
+    /// result will carry the session's end.
+    pub(super) fn last_round(&mut self, auto: &AutoRecord) -> Vec<String> {
+        self.session_end = Some(auto.clone());
+        Self::progress(auto, &self.root)
     }
 
     /// A translator for the AG-UI run `run_id` that carries the parked
@@ -575,7 +628,18 @@ impl Translator {
                         json!({"type": "RUN_ERROR", "message": message, "code": "error"})
                     }
                     other => {
-                        let result = termination_result(other);
+                        let mut result = termination_result(other);
+                        if let Some(end) = &self.session_end {
+                            result["session_id"] = json!(end.session_id);
+                            result["rounds"] = json!(end.round);
+                            result["tokens_used_session"] = json!(end.tokens_used_session);
+                            if let Some(max) = end.max_tokens {
+                                result["max_tokens"] = json!(max);
+                            }
+                            if let Some(reason) = &end.stop_reason {
+                                result["stop_reason"] = json!(reason);
+                            }
+                        }
                         let mut finished = json!({"type": "RUN_FINISHED", "threadId": self.thread_id, "runId": self.run_id, "result": result});
                         if *other == TerminationReason::Cancelled {
                             finished["outcome"] = json!({"type": "cancelled"});

@@ -18,6 +18,33 @@ pub(crate) struct RunAgentInput {
     /// Answers to the interrupts a parked run's stream ended with.
     #[serde(default)]
     pub(crate) resume: Vec<ResumeEntry>,
+    /// What the client forwards: Rein reads `run_mode` and
+    /// `automation_policy` from it, or from its `metadata` object.
+    #[serde(default)]
+    forwarded_props: Option<Value>,
+}
+
+impl RunAgentInput {
+    /// The forwarded `run_mode` and `automation_policy` (each at the top
+    /// of `forwardedProps` or in its `metadata`), with the field path a
+    /// refusal names.
+    pub(crate) fn auto_props(&self) -> (Option<(String, Value)>, Option<(String, Value)>) {
+        let Some(props) = self.forwarded_props.as_ref().and_then(Value::as_object) else {
+            return (None, None);
+        };
+        let metadata = props.get("metadata").and_then(Value::as_object);
+        let find = |key: &str| {
+            props
+                .get(key)
+                .map(|v| (format!("forwardedProps.{key}"), v.clone()))
+                .or_else(|| {
+                    metadata
+                        .and_then(|m| m.get(key))
+                        .map(|v| (format!("forwardedProps.metadata.{key}"), v.clone()))
+                })
+        };
+        (find("run_mode"), find("automation_policy"))
+    }
 }
 
 /// One entry of `RunAgentInput.resume`.

@@ -37,7 +37,8 @@ use axum::response::sse::{Event, Sse};
 use futures::{Stream, StreamExt};
 
 use crate::http::{ApiError, JsonBody, PathParams, run_log};
-use crate::service::{RunEntry, RunStatus, Service, Strategy, Submission};
+use crate::service::{LoggedEvent, RunEntry, RunStatus, Service, Strategy, Submission};
+use rein_service::AutoRecord;
 use events::Translator;
 pub(crate) use input::RunAgentInput;
 use rein::contract::approval::{Decision, PendingApproval, PendingKind};
@@ -71,11 +72,33 @@ pub(crate) async fn run(
     }
     // The ids (empty, too long, control characters) and the messages'
     // roles are checked by the service, for every entry point alike.
+    let (run_mode, policy) = input.auto_props();
+    let run_mode = match run_mode {
+        None => None,
+        Some((field, serde_json::Value::String(name))) => {
+            Some(rein_service::RunMode::parse(&field, &name)?)
+        }
+        Some((field, other)) => {
+            return Err(rein_service::ServiceError::invalid(
+                field,
+                format!("is {other}; expected \"auto\" or \"single\""),
+            )
+            .into());
+        }
+    };
+    let automation_policy = match policy {
+        None => None,
+        Some((field, value)) => {
+            crate::http::auto::policy(&field, Some(Some(value).filter(|v| !v.is_null())))?
+        }
+    };
     let submission = Submission {
         agent_id: Some(agent_id),
         client_messages: input.client_messages()?,
         strategy: Strategy::Interrupt,
         run_id: Some(input.run_id.clone()),
+        run_mode,
+        automation_policy,
         ..Submission::default()
     };
     let submitted = service.submit(&input.thread_id, submission).await?;
@@ -185,10 +208,56 @@ fn decision_of(entry: &input::ResumeEntry, kind: PendingKind) -> Result<Decision
     }
 }
 
-/// The AG-UI events of one run; dropping it before `RUN_FINISHED` (the
-/// client went away) cancels the run. The ids of the messages it emits
-/// are recorded with the thread, so a client sending them back appends
-/// nothing.
+/// What the stream follows: the run's events, and for an auto-mode
+/// round, its end with its record (to go on with the next round or end the
+/// session).
+enum Followed {
+    Event(Arc<LoggedEvent>),
+    RoundEnd(Arc<LoggedEvent>, Option<AutoRecord>, Option<Arc<RunEntry>>),
+}
+
+/// The log of `entry` from `from`, and of each next round of its auto-mode
+/// session after it; `current` always holds the run being followed.
+fn session_log(
+    service: Service,
+    entry: Arc<RunEntry>,
+    from: u64,
+    current: Arc<std::sync::Mutex<Arc<RunEntry>>>,
+) -> impl Stream<Item = Followed> {
+    type Log = futures::stream::BoxStream<'static, Arc<LoggedEvent>>;
+    let log: Log = run_log(entry.clone(), from).boxed();
+    futures::stream::unfold(Some((entry, log)), move |state| {
+        let service = service.clone();
+        let current = current.clone();
+        async move {
+            let (entry, mut log) = state?;
+            let logged = log.next().await?;
+            let ends_round = logged.kind == "run_finished"
+                && logged.event().is_some_and(|e| e.run_id() == entry.run_id);
+            if !ends_round {
+                return Some((Followed::Event(logged), Some((entry, log))));
+            }
+            // The round's record says whether the session goes on.
+            let auto = entry.finished().await.auto;
+            let next = match auto.as_ref().and_then(|a| a.next_run_id.as_deref()) {
+                Some(next) => service.run(next).await.ok(),
+                None => None,
+            };
+            let state = next.clone().map(|next| {
+                *current.lock().unwrap_or_else(|e| e.into_inner()) = next.clone();
+                let log: Log = run_log(next.clone(), 0).boxed();
+                (next, log)
+            });
+            Some((Followed::RoundEnd(logged, auto, next), state))
+        }
+    })
+}
+
+/// The AG-UI events of one run — for an auto-mode session, of all its
+/// rounds in one AG-UI run; dropping it before `RUN_FINISHED` (the client
+/// went away) cancels the run being followed. The ids of the messages it
+/// emits are recorded with the thread, so a client sending them back
+/// appends nothing.
 fn stream(
     service: Service,
     entry: Arc<RunEntry>,
@@ -196,13 +265,27 @@ fn stream(
     from: u64,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let suspended = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let guard = AbortOnDrop(Some(entry.clone()), suspended.clone());
+    let current = Arc::new(std::sync::Mutex::new(entry.clone()));
+    let guard = AbortOnDrop(Some(current.clone()), suspended.clone());
     let first = futures::stream::iter(translator.start());
     let thread_id = entry.thread_id.clone();
-    let rest = run_log(entry, from).then(move |logged| {
-        let mut out = match logged.event() {
-            Some(event) => translator.translate(event),
-            None => Vec::new(),
+    let rest = session_log(service.clone(), entry, from, current).then(move |followed| {
+        let mut out = match followed {
+            Followed::Event(logged) => match logged.event() {
+                Some(event) => translator.translate(event),
+                None => Vec::new(),
+            },
+            Followed::RoundEnd(logged, Some(auto), Some(next)) => {
+                let _ = logged;
+                translator.next_round(&auto, &next.run_id)
+            }
+            Followed::RoundEnd(logged, auto, _) => {
+                let mut out = auto.map(|a| translator.last_round(&a)).unwrap_or_default();
+                if let Some(event) = logged.event() {
+                    out.extend(translator.translate(event));
+                }
+                out
+            }
         };
         if translator.suspended() {
             suspended.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -238,11 +321,18 @@ fn stream(
 
 /// Cancels the run when the response stream is dropped before the run
 /// finished.
-struct AbortOnDrop(Option<Arc<RunEntry>>, Arc<std::sync::atomic::AtomicBool>);
+struct AbortOnDrop(
+    Option<Arc<std::sync::Mutex<Arc<RunEntry>>>>,
+    Arc<std::sync::atomic::AtomicBool>,
+);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
-        if let Some(entry) = self.0.take()
+        let entry = self
+            .0
+            .take()
+            .map(|current| current.lock().unwrap_or_else(|e| e.into_inner()).clone());
+        if let Some(entry) = entry
             && entry.status() != RunStatus::Finished
             && !self.1.load(std::sync::atomic::Ordering::SeqCst)
         {

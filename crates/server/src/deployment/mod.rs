@@ -199,6 +199,10 @@ pub struct AgentConfig {
     /// `outputs` (Gemini CLI's goal mode; the run ends `goal` once all are
     /// emitted).
     pub outputs: BTreeMap<String, String>,
+    /// The agent's auto-mode defaults (`run_mode`, `automation_policy`):
+    /// what a submission that names no mode, on a thread with no stored
+    /// default, runs with (docs/auto-mode.md).
+    pub auto: Option<rein_service::AgentAuto>,
 }
 
 /// Where threads are kept.
@@ -860,6 +864,8 @@ const AGENT_ITEM_KEYS: &[&str] = &[
     "approvals",
     "tools",
     "outputs",
+    "run_mode",
+    "automation_policy",
 ];
 
 struct DocumentSeed<'k> {
@@ -942,7 +948,34 @@ impl<'de> Visitor<'de> for AgentsSeed<'_> {
             };
             let mut tools = Vec::new();
             let mut outputs = BTreeMap::new();
+            let mut run_mode = None;
+            let mut policy = None;
             for (key, value) in extra {
+                if key == "run_mode" {
+                    let name: String = serde_yaml::from_value(value).map_err(|e| {
+                        de::Error::custom(format!(
+                            "agent \"{}\", field `run_mode`: {e}; expected auto or single",
+                            spec.id
+                        ))
+                    })?;
+                    run_mode = Some(rein_service::RunMode::parse("run_mode", &name).map_err(|_| {
+                        de::Error::custom(format!(
+                            "agent \"{}\", field `run_mode`: unknown mode \"{name}\"; expected auto or single",
+                            spec.id
+                        ))
+                    })?);
+                    continue;
+                }
+                if key == "automation_policy" {
+                    let text = serde_json::to_string(&value).unwrap_or_default();
+                    policy = Some(rein::auto::AutomationPolicy::from_json(&text).map_err(|e| {
+                        de::Error::custom(format!(
+                            "agent \"{}\", field `automation_policy`: {e}",
+                            spec.id
+                        ))
+                    })?);
+                    continue;
+                }
                 if key == "outputs" {
                     outputs = serde_yaml::from_value(value).map_err(|e| {
                         de::Error::custom(format!(
@@ -960,10 +993,19 @@ impl<'de> Visitor<'de> for AgentsSeed<'_> {
                     ))
                 })?;
             }
+            // A policy alone makes auto mode the agent's default.
+            let auto = match (run_mode, policy) {
+                (None, None) => None,
+                (mode, policy) => Some(rein_service::AgentAuto {
+                    run_mode: mode.unwrap_or(rein_service::RunMode::Auto),
+                    policy: policy.flatten(),
+                }),
+            };
             agents.push(AgentConfig {
                 spec,
                 tools,
                 outputs,
+                auto,
             });
         }
     }

@@ -7,6 +7,7 @@
 //! Connections — their cap, their timeouts, and what is refused before
 //! routing (a request target over 8 KiB) — are [`listen`]'s.
 
+pub(crate) mod auto;
 mod error;
 mod extract;
 pub(crate) mod guard;
@@ -193,6 +194,16 @@ fn routes() -> Routes {
             o.summary("The thread's stored history.")
                 .answer::<Vec<Message>>(200, "the messages")
         })
+        .get("/v1/threads/{thread_id}/auto", auto::thread_auto, |o| {
+            o.summary("The thread's auto-mode defaults and session totals (tokens_used_session, reports).")
+                .answer::<auto::ThreadAutoView>(200, "the thread's auto-mode state")
+                .refusals(&[UNAVAILABLE])
+        })
+        .post("/v1/threads/{thread_id}/new", auto::new_session, |o| {
+            o.summary("The source's /new: cancel the thread's runs, drop its history and clear its session tokens and reports; its auto-mode defaults stay.")
+                .answer::<auto::ThreadAutoView>(200, "the thread's auto-mode state after")
+                .refusals(&[(409, "thread_owned_elsewhere, previous_run_stuck"), UNAVAILABLE])
+        })
         .delete("/v1/threads/{thread_id}", delete_thread, |o| {
             o.summary("Cancel the thread's runs and drop it.")
                 .answer_empty(204, "deleted")
@@ -362,6 +373,14 @@ struct SubmitBody {
     /// A repeated key on the thread finds the first submission's run.
     #[serde(default)]
     idempotency_key: Option<String>,
+    /// `auto` starts an auto-mode session, `single` one run; also the
+    /// thread's default from now on (docs/auto-mode.md).
+    #[serde(default)]
+    run_mode: Option<String>,
+    /// The session's policy (`null`: none); also the thread's default.
+    #[serde(default, deserialize_with = "auto::nullable")]
+    #[schemars(with = "Option<serde_json::Value>")]
+    automation_policy: Option<Option<serde_json::Value>>,
 }
 
 /// An accepted submission.
@@ -373,6 +392,9 @@ struct Accepted<'a> {
     thread_id: &'a str,
     /// `running` or `queued`.
     status: RunStatus,
+    /// An auto-mode session's id (its first round is `run_id`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_id: Option<&'a str>,
 }
 
 /// `POST /v1/threads/{thread_id}/cancel`'s answer.
@@ -456,22 +478,28 @@ async fn submit(
         messages: body.messages,
         strategy,
         idempotency_key,
+        run_mode: auto::run_mode(body.run_mode.as_deref())?,
+        automation_policy: auto::policy("automation_policy", body.automation_policy)?,
         ..Submission::default()
     };
     let submitted = service.submit(&thread_id, submission).await?;
     let entry = submitted.entry().clone();
     if wait {
         let entry = service.live(&submitted).await?;
-        return Ok((StatusCode::OK, Json(entry.finished().await)).into_response());
+        // An auto-mode session: its last round's record.
+        let record = auto::last_round(&service, entry.finished().await).await?;
+        return Ok((StatusCode::OK, Json(record)).into_response());
     }
     let status = match submitted {
         Submitted::New(_) => StatusCode::ACCEPTED,
         Submitted::Duplicate(_) => StatusCode::OK,
     };
+    let session = entry.record().auto.map(|a| a.session_id);
     let accepted = Accepted {
         run_id: &entry.run_id,
         thread_id: &entry.thread_id,
         status: entry.status(),
+        session_id: session.as_deref(),
     };
     Ok((status, Json(accepted)).into_response())
 }

@@ -319,6 +319,26 @@ impl Distributed {
         if claimed.cancel_requested {
             entry.cancellation().cancel();
         }
+        // An auto-mode round: its session's state came with its row.
+        let mut budget = None;
+        if let Some(auto) = claimed.auto {
+            match serde_json::from_value::<rein_runtime::auto::AutoRounds>(auto) {
+                Ok(rounds) => {
+                    let tokens = match self.db.runs().thread_auto(thread_id).await {
+                        Ok(stored) => u64::try_from(stored.tokens).unwrap_or(0),
+                        Err(error) => {
+                            tracing::warn!(%error, thread_id, "could not read the session's tokens; the round runs without its budget");
+                            0
+                        }
+                    };
+                    budget = rounds.round_budget(tokens);
+                    entry.set_rounds(rounds, tokens);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, run_id = claimed.run_id, "the round's session state is unreadable; it runs as a single run");
+                }
+            }
+        }
         let started = match serde_json::from_value::<Vec<Message>>(claimed.messages) {
             Ok(messages) => {
                 let mut request = RunRequest::new(thread_id, messages)
@@ -328,6 +348,9 @@ impl Distributed {
                     .release_when_parked();
                 if !claimed.agent_id.is_empty() {
                     request = request.with_agent_id(&claimed.agent_id);
+                }
+                if let Some(budget) = budget {
+                    request = request.with_token_budget(budget);
                 }
                 self.core
                     .runtime
@@ -405,12 +428,15 @@ impl Distributed {
                     TerminationReason::Error(e.to_string()),
                 ),
             };
+            // An auto-mode round: its end may queue the next one.
+            mode.core.end_round(&*mode, &entry, &result).await;
             let kept = match writer.stop().await {
                 Written::Upto(written) => {
                     let mut record =
                         finished_record(&entry.run_id, &thread_id, &entry.agent_id, &result);
                     record.children = entry.children();
                     record.decisions = entry.decisions();
+                    record.auto = entry.auto();
                     match store_end(&runs, &thread_id, &entry, written, &record).await {
                         Ok(true) => true,
                         Ok(false) => {

@@ -42,11 +42,13 @@ use std::time::Duration;
 
 use rein_postgres::{Database, NewRun, SubmitOutcome, WRITE_RETRY, retry};
 use rein_runtime::AgentRunResult;
+use rein_runtime::auto::{AutoRounds, AutomationPolicy, MetricsReport};
 use rein_runtime_contract::event::{AgentEvent, CancelCause};
 use rein_runtime_contract::lifecycle::TerminationReason;
 use tokio::sync::broadcast;
 use tokio_util::task::TaskTracker;
 
+use crate::auto::{RunMode, ThreadAuto};
 use crate::core::Core;
 use rein_runtime::approvals::Decided;
 use rein_runtime_contract::approval::{Decision, PendingApproval};
@@ -160,6 +162,7 @@ impl Distributed {
         &self,
         thread_id: &str,
         s: &Submission,
+        rounds: Option<&AutoRounds>,
     ) -> Result<Option<Submitted>, ServiceError> {
         let (messages, message_ids) = self.unseen(thread_id, s).await?;
         let (_, agent_id) = self
@@ -169,6 +172,13 @@ impl Distributed {
         let run_id = s.run_id.clone().unwrap_or_else(|| self.next_run_id());
         let messages = serde_json::to_value(&messages)
             .map_err(|e| ServiceError::invalid("messages", e.to_string()))?;
+        let auto = rounds.map(|rounds| {
+            let mut rounds = rounds.clone();
+            if rounds.session_id.is_empty() {
+                rounds.session_id = format!("auto-{run_id}");
+            }
+            serde_json::to_value(rounds).unwrap_or_default()
+        });
         let new = NewRun {
             run_id: &run_id,
             thread_id,
@@ -178,6 +188,7 @@ impl Distributed {
             idempotency_key: s.idempotency_key.as_deref(),
             messages: &messages,
             message_ids: &message_ids,
+            auto: auto.as_ref(),
         };
         match self.db.runs().submit(&new).await {
             Ok(SubmitOutcome::Queued) => {}
@@ -216,13 +227,17 @@ impl Distributed {
         // Started here already, or a snapshot: the answer does not follow
         // the run (`Service::live` does, for a caller that waits).
         let entry = self.core.records.get(&run_id).unwrap_or_else(|| {
-            RunEntry::new(
+            let snapshot = RunEntry::new(
                 &run_id,
                 thread_id,
                 &agent_id,
                 s.idempotency_key.clone(),
                 RunStatus::Queued,
-            )
+            );
+            if let Some(rounds) = auto.and_then(|a| serde_json::from_value(a).ok()) {
+                snapshot.set_rounds(rounds, 0);
+            }
+            snapshot
         });
         Ok(Some(Submitted::New(entry)))
     }
@@ -321,9 +336,14 @@ fn process_tag() -> String {
 
 #[async_trait::async_trait]
 impl Mode for Distributed {
-    async fn submit(&self, thread_id: &str, s: Submission) -> Result<Submitted, ServiceError> {
+    async fn submit(
+        &self,
+        thread_id: &str,
+        s: Submission,
+        rounds: Option<AutoRounds>,
+    ) -> Result<Submitted, ServiceError> {
         for _ in 0..MESSAGE_ID_ATTEMPTS {
-            if let Some(submitted) = self.write(thread_id, &s).await? {
+            if let Some(submitted) = self.write(thread_id, &s, rounds.as_ref()).await? {
                 return Ok(submitted);
             }
         }
@@ -423,6 +443,56 @@ impl Mode for Distributed {
         .map_err(|e| unavailable(&e))
     }
 
+    async fn thread_auto(&self, thread_id: &str) -> Result<ThreadAuto, ServiceError> {
+        let stored = retry(WRITE_RETRY, || self.db.runs().thread_auto(thread_id))
+            .await
+            .map_err(|e| unavailable(&e))?;
+        Ok(thread_auto(stored))
+    }
+
+    async fn set_auto_defaults(
+        &self,
+        thread_id: &str,
+        run_mode: Option<RunMode>,
+        policy: Option<Option<AutomationPolicy>>,
+    ) -> Result<(), ServiceError> {
+        let mode = run_mode.map(|m| match m {
+            RunMode::Auto => "auto",
+            RunMode::Single => "single",
+        });
+        let policy = policy.map(|p| p.map(|p| serde_json::to_value(p).unwrap_or_default()));
+        retry(WRITE_RETRY, || {
+            self.db
+                .runs()
+                .set_auto_defaults(thread_id, mode, policy.as_ref().map(Option::as_ref))
+        })
+        .await
+        .map_err(|e| unavailable(&e))
+    }
+
+    async fn add_to_session(
+        &self,
+        thread_id: &str,
+        tokens: u64,
+        reports: &[MetricsReport],
+    ) -> Result<ThreadAuto, ServiceError> {
+        let reports = serde_json::to_value(reports).unwrap_or_default();
+        // Not retried: a retry after a lost answer would count twice.
+        let stored = self
+            .db
+            .runs()
+            .add_to_session(thread_id, i64::try_from(tokens).unwrap_or(i64::MAX), &reports)
+            .await
+            .map_err(|e| unavailable(&e))?;
+        Ok(thread_auto(stored))
+    }
+
+    async fn reset_session(&self, thread_id: &str) -> Result<(), ServiceError> {
+        retry(WRITE_RETRY, || self.db.runs().reset_session(thread_id))
+            .await
+            .map_err(|e| unavailable(&e))
+    }
+
     async fn health(&self) -> Result<(), ServiceError> {
         self.db.ping().await.map_err(|e| unavailable(&e))
     }
@@ -446,5 +516,21 @@ impl Mode for Distributed {
         for thread_id in self.db.leases().held() {
             self.db.release(&thread_id).await;
         }
+    }
+}
+
+/// A thread's auto-mode row as the service reads it (a value this version
+/// cannot read counts as unset).
+fn thread_auto(stored: rein_postgres::StoredThreadAuto) -> ThreadAuto {
+    ThreadAuto {
+        run_mode: stored.run_mode.as_deref().and_then(|m| RunMode::parse("run_mode", m).ok()),
+        policy: stored.policy_set.then(|| {
+            stored
+                .policy
+                .and_then(|p| serde_json::from_value::<AutomationPolicy>(p).ok())
+                .filter(|p| !p.is_empty())
+        }),
+        tokens_used_session: u64::try_from(stored.tokens).unwrap_or(0),
+        reports: serde_json::from_value(stored.reports).unwrap_or_default(),
     }
 }
