@@ -40,6 +40,7 @@ impl Server {
             runtime,
             mcp_servers: std::collections::BTreeMap::new(),
             database: None,
+            agent_autos: Vec::new(),
         });
         Self::serve(
             assembled,
