@@ -425,3 +425,88 @@ async fn a_storm_of_submissions_loses_none_duplicates_none_and_never_overlaps_ru
         }
     }
 }
+
+/// A deployment whose `lab` agent reports one experiment per round.
+fn auto_config() -> std::path::PathBuf {
+    let yaml = r#"
+providers:
+  lab:
+    kind: scripted
+    responses:
+      - { tool_calls: [ { name: report_metrics, arguments: { metrics: { acc: 0.5 } } } ], usage: { input: 100, output: 20 } }
+      - { text: "One.", usage: { input: 100, output: 20 } }
+      - { tool_calls: [ { name: report_metrics, arguments: { metrics: { acc: 0.6 } } } ], usage: { input: 100, output: 20 } }
+      - { text: "Two.", usage: { input: 100, output: 20 } }
+models:
+  lab: { provider: lab, model: x }
+agents:
+  - { id: lab, model_id: lab, plugin_ids: [automation] }
+store: { postgres: { url_env: REIN_DATABASE_URL } }
+"#;
+    let path = std::env::temp_dir().join(format!(
+        "rein-cluster-auto-{}-{}.yaml",
+        std::process::id(),
+        thread("f")
+    ));
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// The records of a two-round session, read from `node`.
+async fn follow_session(node: &Node, first: &str) -> (Value, Value) {
+    let one = node.finished(first, Duration::from_secs(20)).await;
+    let next = one["auto"]["next_run_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no next round: {one}"))
+        .to_owned();
+    let two = node.finished(&next, Duration::from_secs(20)).await;
+    (one, two)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_session_s_rounds_totals_and_defaults_are_read_from_another_process_also_after_kill_9()
+ {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let config = auto_config();
+    let mut a = Node::start(&config);
+    let b = Node::start(&config);
+    let t = thread("auto");
+    let (status, accepted) = a
+        .post(
+            &format!("/v1/threads/{t}/runs"),
+            json!({"agent_id": "lab", "run_mode": "auto",
+                   "automation_policy": {"maxExperiments": 2, "maxTokens": 100000},
+                   "messages": [{"role": "user", "content": "Tune it."}]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{accepted}");
+    let first = accepted["run_id"].as_str().unwrap().to_owned();
+    assert_eq!(accepted["session_id"], format!("auto-{first}"), "{accepted}");
+    // B follows the session from record to record.
+    let (one, two) = follow_session(&b, &first).await;
+    assert_eq!(one["auto"]["round"], 1, "{one}");
+    assert_eq!(one["auto"]["tokens_used_session"], 240, "{one}");
+    assert_eq!(two["auto"]["round"], 2, "{two}");
+    assert_eq!(two["auto"]["tokens_used_session"], 480, "{two}");
+    assert_eq!(two["auto"]["max_tokens"], 100000, "{two}");
+    assert_eq!(
+        two["auto"]["stop_reason"], "max experiments reached (2/2)",
+        "{two}"
+    );
+    let (_, auto) = b.get(&format!("/v1/threads/{t}/auto")).await;
+    assert_eq!(auto["run_mode"], "auto", "{auto}");
+    assert_eq!(auto["tokens_used_session"], 480, "{auto}");
+    assert_eq!(auto["reports"].as_array().unwrap().len(), 2, "{auto}");
+
+    a.child.kill().unwrap(); // SIGKILL, by PID
+    a.child.wait().unwrap();
+    let (again_one, again_two) = follow_session(&b, &first).await;
+    assert_eq!((again_one, again_two), (one, two), "the records are the database's");
+    let (_, reset) = b.post(&format!("/v1/threads/{t}/new"), json!({})).await;
+    assert_eq!(reset["tokens_used_session"], 0, "{reset}");
+    assert_eq!(reset["run_mode"], "auto", "the defaults stay: {reset}");
+    let (_, history) = b.get(&format!("/v1/threads/{t}/messages")).await;
+    assert_eq!(history, json!([]), "/new drops the history");
+    let _ = std::fs::remove_file(&config);
+}

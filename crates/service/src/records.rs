@@ -303,14 +303,17 @@ impl RunEntry {
         self.state().parent.clone()
     }
 
-    /// Takes the tree links of a stored record (a run followed from the
-    /// database).
+    /// Takes the tree links (and an auto-mode round's part) of a stored
+    /// record (a run followed from the database).
     pub(crate) fn set_links(&self, record: &RunRecord) {
         let mut state = self.state();
         if let (Some(run), Some(call)) = (&record.parent_run_id, &record.parent_call_id) {
             state.parent = Some((run.clone(), call.clone()));
         }
         state.children.clone_from(&record.children);
+        if record.auto.is_some() {
+            state.auto.clone_from(&record.auto);
+        }
     }
 
     /// The sub-agent runs this run started, in order.
