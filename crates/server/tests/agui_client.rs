@@ -48,6 +48,13 @@ providers:
     kind: scripted
     responses:
       - '{"reasoning": "it polls job 7 again and again", "confidence": 0.96}'
+  lab:
+    kind: scripted
+    responses:
+      - { tool_calls: [ { name: report_metrics, arguments: { metrics: { acc: 0.5 } } } ], usage: { input: 100, output: 20 } }
+      - { text: "Tried lr 0.1.", usage: { input: 100, output: 10 } }
+      - { tool_calls: [ { name: report_metrics, arguments: { metrics: { acc: 0.7 } } } ], usage: { input: 100, output: 20 } }
+      - { text: "Tried lr 0.01.", usage: { input: 100, output: 10 } }
 models:
   chat: { provider: chat, model: c }
   slow: { provider: slow, model: s }
@@ -55,7 +62,9 @@ models:
   looper: { provider: looper, model: x }
   judge: { provider: judge, model: j }
   planner: { provider: planner, model: p }
+  lab: { provider: lab, model: x }
 agents:
+  - { id: lab, model_id: lab, plugin_ids: [automation] }
   - { id: assistant, model_id: chat, plugin_ids: [terminate] }
   - { id: slow, model_id: slow }
   - { id: limited, model_id: limited }
@@ -235,6 +244,55 @@ async fn a_plan_reaches_the_official_client_as_its_state_a_snapshot_then_deltas(
     let last = events.last().unwrap();
     assert_eq!(last["type"], "RUN_FINISHED", "{seen}");
     assert_eq!(last["result"]["stop_code"], "plan_completed", "{seen}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_auto_session_from_forwarded_props_is_one_ag_ui_run_with_progress_and_the_session_tokens()
+ {
+    let Some(modules) = client() else { return };
+    let server = Server::start(AGUI_YAML).await;
+    let seen = node(&modules, &server.at("/v1/ag-ui/lab"), "auto").await;
+    assert_eq!(seen["warnings"], json!([]), "{seen}");
+    assert_eq!(seen["first"]["error"], Value::Null, "{seen}");
+    let events = seen["first"]["events"].as_array().unwrap();
+    let count = |t: &str| events.iter().filter(|e| e["type"] == t).count();
+    assert_eq!(count("RUN_STARTED"), 1, "one AG-UI run: {seen}");
+    assert_eq!(count("RUN_FINISHED"), 1, "{seen}");
+    assert_eq!(count("TEXT_MESSAGE_START"), 2, "both rounds' answers: {seen}");
+    let progress: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "CUSTOM" && e["name"] == "progress")
+        .map(|e| &e["value"])
+        .collect();
+    let messages: Vec<&str> = progress
+        .iter()
+        .map(|p| p["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        messages,
+        [
+            "auto-run round 1 finished: natural end",
+            "auto-run round 2 finished: natural end",
+            "auto-run stop condition: max experiments reached (2/2)",
+        ],
+        "{seen}"
+    );
+    assert_eq!(progress[0]["tokens_used_session"], 230, "{seen}");
+    assert_eq!(progress[2]["tokens_used_session"], 460, "{seen}");
+    assert!(progress.iter().all(|p| p["max_tokens"] == 50000), "{seen}");
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "RUN_FINISHED", "{seen}");
+    assert_eq!(last["runId"], "agui-auto-1", "{seen}");
+    let result = &last["result"];
+    assert_eq!(result["stop_reason"], "max experiments reached (2/2)", "{seen}");
+    assert_eq!(result["tokens_used_session"], 460, "{seen}");
+    assert_eq!(result["max_tokens"], 50000, "{seen}");
+    assert_eq!(result["rounds"], 2, "{seen}");
+    // The forwarded policy became the thread's default.
+    let (_, auto) = server.get("/v1/threads/agui-auto/auto").await;
+    assert_eq!(auto["run_mode"], "auto", "{auto}");
+    assert_eq!(auto["automation_policy"]["maxExperiments"], 2, "{auto}");
     server.stop().await;
 }
 

@@ -3,7 +3,7 @@
 //   node client.cjs <endpoint url> <scenario: conversation | abort | error |
 //     subagent | subagent-error | subagent-abort | subagent-cancel | subagent-tree |
 //     approval | approval-reject | approval-subagent | question | escalation | limited |
-//     judged | planned>
+//     judged | planned | auto>
 // The sub-agent scenarios record whole events (else only their types), and
 // the client's own warnings (an event it had to strip or drop).
 const { HttpAgent } = require("@ag-ui/client");
@@ -12,13 +12,13 @@ const warnings = [];
 
 // `stop(event)` true: the client aborts the run there. `onEvent(event)`:
 // anything else to do on an event.
-async function run(agent, runId, stopAfter, { full = false, stop, onEvent } = {}) {
+async function run(agent, runId, stopAfter, { full = false, stop, onEvent, forwardedProps } = {}) {
   const events = [];
   let result;
   let error;
   try {
     const outcome = await agent.runAgent(
-      { runId },
+      forwardedProps ? { runId, forwardedProps } : { runId },
       {
         onEvent: ({ event }) => {
           events.push(full ? event : event.type);
@@ -167,6 +167,21 @@ async function main() {
     };
     agent.messages = [{ id: "u1", role: "user", content: "wait for job 7" }];
     const first = await run(agent, "agui-judged-1", undefined, { full: true });
+    console.log(JSON.stringify({ first, warnings }));
+  } else if (scenario === "auto") {
+    // An auto-mode session asked for in forwardedProps' metadata: all its
+    // rounds in one AG-UI run, progress as CUSTOM events.
+    delete process.env.SUPPRESS_TRANSFORMATION_WARNINGS;
+    const warn = console.warn;
+    console.warn = (...args) => {
+      warnings.push(args.map(String).join(" "));
+      warn(...args);
+    };
+    agent.messages = [{ id: "u1", role: "user", content: "Tune the model." }];
+    const forwardedProps = {
+      metadata: { run_mode: "auto", automation_policy: { maxExperiments: 2, maxTokens: 50000 } },
+    };
+    const first = await run(agent, "agui-auto-1", undefined, { full: true, forwardedProps });
     console.log(JSON.stringify({ first, warnings }));
   } else {
     throw new Error(`unknown scenario ${scenario}`);
