@@ -259,7 +259,11 @@ async fn an_auto_session_from_forwarded_props_is_one_ag_ui_run_with_progress_and
     let count = |t: &str| events.iter().filter(|e| e["type"] == t).count();
     assert_eq!(count("RUN_STARTED"), 1, "one AG-UI run: {seen}");
     assert_eq!(count("RUN_FINISHED"), 1, "{seen}");
-    assert_eq!(count("TEXT_MESSAGE_START"), 2, "both rounds' answers: {seen}");
+    assert_eq!(
+        count("TEXT_MESSAGE_START"),
+        2,
+        "both rounds' answers: {seen}"
+    );
     let progress: Vec<&Value> = events
         .iter()
         .filter(|e| e["type"] == "CUSTOM" && e["name"] == "progress")
@@ -285,7 +289,10 @@ async fn an_auto_session_from_forwarded_props_is_one_ag_ui_run_with_progress_and
     assert_eq!(last["type"], "RUN_FINISHED", "{seen}");
     assert_eq!(last["runId"], "agui-auto-1", "{seen}");
     let result = &last["result"];
-    assert_eq!(result["stop_reason"], "max experiments reached (2/2)", "{seen}");
+    assert_eq!(
+        result["stop_reason"], "max experiments reached (2/2)",
+        "{seen}"
+    );
     assert_eq!(result["tokens_used_session"], 460, "{seen}");
     assert_eq!(result["max_tokens"], 50000, "{seen}");
     assert_eq!(result["rounds"], 2, "{seen}");

@@ -119,7 +119,10 @@ async fn an_auto_submission_runs_rounds_until_its_policy_stops_it_and_every_reco
     // The continuation message was the second round's input.
     let users = server.user_messages("lab").await;
     assert_eq!(users.len(), 2, "{users:?}");
-    assert!(users[1].starts_with("Continue the task (auto-run round 2"), "{users:?}");
+    assert!(
+        users[1].starts_with("Continue the task (auto-run round 2"),
+        "{users:?}"
+    );
 
     // The live tail carried every progress message with the tokens.
     let messages: Vec<&str> = progress
@@ -183,7 +186,10 @@ async fn an_auto_submission_runs_rounds_until_its_policy_stops_it_and_every_reco
     assert!(single.get("auto").is_none(), "{single}");
     let (_, auto) = server.get("/v1/threads/lab/auto").await;
     assert_eq!(auto["run_mode"], "single", "{auto}");
-    assert_eq!(auto["tokens_used_session"], 0, "a single run is no round: {auto}");
+    assert_eq!(
+        auto["tokens_used_session"], 0,
+        "a single run is no round: {auto}"
+    );
     server.stop().await;
 }
 
@@ -231,7 +237,10 @@ async fn a_bad_run_mode_or_policy_is_refused_naming_the_field_and_changes_nothin
     assert_eq!(status, 422, "{error}");
     assert_eq!(error["error"]["code"], "invalid_field", "{error}");
     let message = error["error"]["message"].as_str().unwrap();
-    assert!(message.contains("run_mode") && message.contains("forever"), "{message}");
+    assert!(
+        message.contains("run_mode") && message.contains("forever"),
+        "{message}"
+    );
     let (status, error) = server
         .post(
             "/v1/threads/bad/runs",
@@ -240,7 +249,10 @@ async fn a_bad_run_mode_or_policy_is_refused_naming_the_field_and_changes_nothin
         .await;
     assert_eq!(status, 422, "{error}");
     let message = error["error"]["message"].as_str().unwrap();
-    assert!(message.contains("automation_policy") && message.contains("=>"), "{message}");
+    assert!(
+        message.contains("automation_policy") && message.contains("=>"),
+        "{message}"
+    );
     assert!(server.user_messages("bad").await.is_empty());
     let (_, auto) = server.get("/v1/threads/bad/auto").await;
     assert!(auto.get("run_mode").is_none(), "{auto}");

@@ -482,7 +482,11 @@ async fn an_auto_session_s_rounds_totals_and_defaults_are_read_from_another_proc
         .await;
     assert_eq!(status, 202, "{accepted}");
     let first = accepted["run_id"].as_str().unwrap().to_owned();
-    assert_eq!(accepted["session_id"], format!("auto-{first}"), "{accepted}");
+    assert_eq!(
+        accepted["session_id"],
+        format!("auto-{first}"),
+        "{accepted}"
+    );
     // B follows the session from record to record.
     let (one, two) = follow_session(&b, &first).await;
     assert_eq!(one["auto"]["round"], 1, "{one}");
@@ -502,7 +506,11 @@ async fn an_auto_session_s_rounds_totals_and_defaults_are_read_from_another_proc
     a.child.kill().unwrap(); // SIGKILL, by PID
     a.child.wait().unwrap();
     let (again_one, again_two) = follow_session(&b, &first).await;
-    assert_eq!((again_one, again_two), (one, two), "the records are the database's");
+    assert_eq!(
+        (again_one, again_two),
+        (one, two),
+        "the records are the database's"
+    );
     let (_, reset) = b.post(&format!("/v1/threads/{t}/new"), json!({})).await;
     assert_eq!(reset["tokens_used_session"], 0, "{reset}");
     assert_eq!(reset["run_mode"], "auto", "the defaults stay: {reset}");

@@ -23,9 +23,9 @@ use tokio_util::task::TaskTracker;
 use crate::auto::{AgentAuto, ThreadAuto};
 use crate::error::ServiceError;
 use crate::mode::Mode;
-use crate::records::{RunEntry, Records};
-use crate::submission::{Strategy, Submission};
+use crate::records::{Records, RunEntry};
 use crate::settings::ServiceSettings;
+use crate::submission::{Strategy, Submission};
 
 /// The parts of a service both modes use.
 #[derive(Debug)]
@@ -217,8 +217,13 @@ impl Core {
                 let mut end = crate::auto::end_round(&self.runtime, rounds, result, &stopped);
                 end.next = None;
                 let reason = format!("run error: the session's totals could not be stored: {e}");
-                tracing::warn!(thread_id = entry.thread_id, "auto-run stop condition: {reason}");
-                end.record.progress.push(format!("auto-run stop condition: {reason}"));
+                tracing::warn!(
+                    thread_id = entry.thread_id,
+                    "auto-run stop condition: {reason}"
+                );
+                end.record
+                    .progress
+                    .push(format!("auto-run stop condition: {reason}"));
                 end.record.stop_reason = Some(reason);
                 end
             }
@@ -239,7 +244,9 @@ impl Core {
                         session = end.record.session_id,
                         "auto-run stop condition: {reason}"
                     );
-                    end.record.progress.push(format!("auto-run stop condition: {reason}"));
+                    end.record
+                        .progress
+                        .push(format!("auto-run stop condition: {reason}"));
                     end.record.stop_reason = Some(reason);
                 }
             }
@@ -247,14 +254,15 @@ impl Core {
         if let Some(stop) = &end.record.stop_reason
             && end.events.len() < end.record.progress.len()
         {
-            end.events.push(rein_runtime_contract::event::AgentEvent::Progress {
-                run_id: end.record.session_id.clone(),
-                thread_id: entry.thread_id.clone(),
-                message: format!("auto-run stop condition: {stop}"),
-                tokens_used_session: end.record.tokens_used_session,
-                max_tokens: end.record.max_tokens,
-                round_run_id: Some(entry.run_id.clone()),
-            });
+            end.events
+                .push(rein_runtime_contract::event::AgentEvent::Progress {
+                    run_id: end.record.session_id.clone(),
+                    thread_id: entry.thread_id.clone(),
+                    message: format!("auto-run stop condition: {stop}"),
+                    tokens_used_session: end.record.tokens_used_session,
+                    max_tokens: end.record.max_tokens,
+                    round_run_id: Some(entry.run_id.clone()),
+                });
         }
         for event in end.events {
             self.records.send_to_tail(&entry.thread_id, event);

@@ -75,9 +75,9 @@ use rein_runtime_contract::approval::{Decision, PendingApproval};
 use rein_runtime_contract::event::EventSink;
 use rein_runtime_contract::message::Message;
 
+pub use auto::{AgentAuto, AutoRecord, RunMode, ThreadAuto};
 #[cfg(feature = "postgres")]
 pub use distributed::LOST_RUN;
-pub use auto::{AgentAuto, AutoRecord, RunMode, ThreadAuto};
 pub use error::ServiceError;
 pub use listing::{
     Cursor, MAX_PAGE, Page, Parent, RunFilter, RunSummary, ThreadFilter, ThreadSummary,

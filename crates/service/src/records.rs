@@ -338,7 +338,10 @@ impl RunEntry {
         tokens_used_session: u64,
     ) {
         let mut state = self.state();
-        state.auto = Some(crate::auto::AutoRecord::running(&rounds, tokens_used_session));
+        state.auto = Some(crate::auto::AutoRecord::running(
+            &rounds,
+            tokens_used_session,
+        ));
         state.rounds = Some(rounds);
     }
 

@@ -64,8 +64,8 @@ mod orphans;
 mod submit;
 
 use crate::inbox::Inbox;
-pub(crate) use decisions::parked_call_ids;
 pub use auto::StoredThreadAuto;
+pub(crate) use decisions::parked_call_ids;
 pub use decisions::{RecordedDecision, StoredDecision, StoredPark};
 pub use orphans::ORPHAN_GRACE;
 pub use parked::ParkedWake;
@@ -262,15 +262,15 @@ impl PgRuns {
         .bind(interrupting_only)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(
-            row.map(|(run_id, agent_id, messages, cancel_requested, auto)| Claimed {
+        Ok(row.map(
+            |(run_id, agent_id, messages, cancel_requested, auto)| Claimed {
                 run_id,
                 agent_id,
                 messages: crate::nul::decode(messages),
                 cancel_requested,
                 auto,
-            }),
-        )
+            },
+        ))
     }
 
     /// Appends a run's events (fenced) and notifies `rein_events`; `false`
@@ -658,13 +658,15 @@ impl PgRuns {
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(run_id, agent_id, messages, cancel_requested, auto)| Claimed {
-                run_id,
-                agent_id,
-                messages: crate::nul::decode(messages),
-                cancel_requested,
-                auto,
-            })
+            .map(
+                |(run_id, agent_id, messages, cancel_requested, auto)| Claimed {
+                    run_id,
+                    agent_id,
+                    messages: crate::nul::decode(messages),
+                    cancel_requested,
+                    auto,
+                },
+            )
             .collect())
     }
 

@@ -13,12 +13,12 @@ use serde::{Deserialize, Serialize};
 
 use rein_runtime_contract::lifecycle::TerminationReason;
 
+use super::AutoSettings;
 use super::decide::{Decision, RoundChecks, continuation, decide};
 use super::metrics::MetricsReport;
 use super::monologue::{Monologue, Repeat};
 use super::policy::AutomationPolicy;
 use super::session::Session;
-use super::AutoSettings;
 use crate::detectors::{PROCEED_NUDGE, STUCK_NUDGE};
 use crate::run::AgentRunResult;
 use crate::runtime::AgentRuntime;

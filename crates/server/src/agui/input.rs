@@ -24,11 +24,14 @@ pub(crate) struct RunAgentInput {
     forwarded_props: Option<Value>,
 }
 
+/// A forwarded value with the path a refusal names.
+pub(crate) type Forwarded = Option<(String, Value)>;
+
 impl RunAgentInput {
     /// The forwarded `run_mode` and `automation_policy` (each at the top
     /// of `forwardedProps` or in its `metadata`), with the field path a
     /// refusal names.
-    pub(crate) fn auto_props(&self) -> (Option<(String, Value)>, Option<(String, Value)>) {
+    pub(crate) fn auto_props(&self) -> (Forwarded, Forwarded) {
         let Some(props) = self.forwarded_props.as_ref().and_then(Value::as_object) else {
             return (None, None);
         };

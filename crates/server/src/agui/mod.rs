@@ -38,11 +38,11 @@ use futures::{Stream, StreamExt};
 
 use crate::http::{ApiError, JsonBody, PathParams, run_log};
 use crate::service::{LoggedEvent, RunEntry, RunStatus, Service, Strategy, Submission};
-use rein_service::AutoRecord;
 use events::Translator;
 pub(crate) use input::RunAgentInput;
 use rein::contract::approval::{Decision, PendingApproval, PendingKind};
 use rein::events::AgentEvent;
+use rein_service::AutoRecord;
 
 /// `POST /v1/ag-ui/{agent_id}`.
 pub(crate) async fn run(

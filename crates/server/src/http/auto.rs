@@ -35,14 +35,18 @@ pub(crate) fn policy(
     value
         .map(|v| {
             let text = v.map_or_else(|| "null".to_owned(), |v| v.to_string());
-            AutomationPolicy::from_json(&text).map_err(|e| ServiceError::invalid(field, e.to_string()))
+            AutomationPolicy::from_json(&text)
+                .map_err(|e| ServiceError::invalid(field, e.to_string()))
         })
         .transpose()
 }
 
 /// Waits for the session `record` is a round of to stop: the record of
 /// its last round (a single run's own record).
-pub(crate) async fn last_round(service: &Service, mut record: RunRecord) -> Result<RunRecord, ServiceError> {
+pub(crate) async fn last_round(
+    service: &Service,
+    mut record: RunRecord,
+) -> Result<RunRecord, ServiceError> {
     while let Some(next) = record.auto.as_ref().and_then(|a| a.next_run_id.clone()) {
         record = service.run(&next).await?.finished().await;
     }

@@ -481,7 +481,11 @@ impl Mode for Distributed {
         let stored = self
             .db
             .runs()
-            .add_to_session(thread_id, i64::try_from(tokens).unwrap_or(i64::MAX), &reports)
+            .add_to_session(
+                thread_id,
+                i64::try_from(tokens).unwrap_or(i64::MAX),
+                &reports,
+            )
             .await
             .map_err(|e| unavailable(&e))?;
         Ok(thread_auto(stored))
@@ -523,7 +527,10 @@ impl Mode for Distributed {
 /// cannot read counts as unset).
 fn thread_auto(stored: rein_postgres::StoredThreadAuto) -> ThreadAuto {
     ThreadAuto {
-        run_mode: stored.run_mode.as_deref().and_then(|m| RunMode::parse("run_mode", m).ok()),
+        run_mode: stored
+            .run_mode
+            .as_deref()
+            .and_then(|m| RunMode::parse("run_mode", m).ok()),
         policy: stored.policy_set.then(|| {
             stored
                 .policy
