@@ -516,5 +516,69 @@ async fn an_auto_session_s_rounds_totals_and_defaults_are_read_from_another_proc
     assert_eq!(reset["run_mode"], "auto", "the defaults stay: {reset}");
     let (_, history) = b.get(&format!("/v1/threads/{t}/messages")).await;
     assert_eq!(history, json!([]), "/new drops the history");
+    // A plain submission: the thread's stored default (read with the
+    // claim) makes it a session of its own.
+    let (status, last) = b
+        .post(
+            &format!("/v1/threads/{t}/runs?wait=true"),
+            json!({"agent_id": "lab", "messages": [{"role": "user", "content": "Again."}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{last}");
+    assert_eq!(last["auto"]["round"], 2, "{last}");
+    assert_eq!(
+        last["auto"]["stop_reason"], "max experiments reached (2/2)",
+        "{last}"
+    );
+    assert_eq!(
+        last["auto"]["tokens_used_session"], 480,
+        "from zero after /new: {last}"
+    );
+    let _ = std::fs::remove_file(&config);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_round_parked_for_approval_and_decided_on_another_process_still_ends_its_session() {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let yaml = std::fs::read_to_string(auto_config()).unwrap().replace(
+        "plugin_ids: [automation] }",
+        "plugin_ids: [automation], approvals: [ { tool: report_metrics, action: ask } ] }",
+    );
+    let config = std::env::temp_dir().join(format!("rein-cluster-auto-park-{}.yaml", thread("p")));
+    std::fs::write(&config, yaml).unwrap();
+    let (a, b) = (Node::start(&config), Node::start(&config));
+    let t = thread("auto-park");
+    let (status, accepted) = a
+        .post(
+            &format!("/v1/threads/{t}/runs"),
+            json!({"agent_id": "lab", "run_mode": "auto", "automation_policy": {"maxExperiments": 1},
+                   "messages": [{"role": "user", "content": "Tune it."}]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{accepted}");
+    let run = accepted["run_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let call = loop {
+        let (_, record) = b.get(&format!("/v1/runs/{run}")).await;
+        if let Some(call) = record["pending_approvals"][0]["call_id"].as_str() {
+            break call.to_owned();
+        }
+        assert!(Instant::now() < deadline, "never parked: {record}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (status, decided) = b
+        .post(
+            &format!("/v1/runs/{run}/approvals/{call}"),
+            json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{decided}");
+    let record = b.finished(&run, Duration::from_secs(20)).await;
+    assert_eq!(record["auto"]["round"], 1, "{record}");
+    assert_eq!(
+        record["auto"]["stop_reason"], "max experiments reached (1/1)",
+        "the round kept its session through the park: {record}"
+    );
     let _ = std::fs::remove_file(&config);
 }

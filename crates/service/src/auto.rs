@@ -162,6 +162,40 @@ pub(crate) fn resolve(
     Some(policy)
 }
 
+/// A submission's own `run_mode` / `automation_policy`, kept with its
+/// run when the mode resolves the session only when the run starts
+/// (distributed mode: the thread's defaults are read in the claim's own
+/// statement, not on the submission's path).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct AutoRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) run_mode: Option<RunMode>,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub(crate) automation_policy: Option<Option<AutomationPolicy>>,
+}
+
+/// A field that may be absent (`None`), `null` (`Some(None)`) or a value.
+fn nullable<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
+/// What a run's row carries for auto mode: a round's session state, or
+/// the submission's request to resolve when the run starts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum StoredAuto {
+    Rounds(AutoRounds),
+    Request { request: AutoRequest },
+}
+
 /// The thread totals in memory (in-process mode).
 #[derive(Debug, Default)]
 pub(crate) struct InMemory {

@@ -192,6 +192,35 @@ impl Core {
             .cloned()
     }
 
+    /// The auto-mode session a run starts, by the precedence in
+    /// [`crate::auto`] (the request's mode and policy, the thread's
+    /// defaults, the agent's); `None` for a single run.
+    pub(crate) fn resolve_rounds(
+        &self,
+        agent_id: Option<&str>,
+        request: &crate::auto::AutoRequest,
+        thread: &ThreadAuto,
+        session_id: String,
+    ) -> Option<rein_runtime::auto::AutoRounds> {
+        let agent_id = self
+            .runtime
+            .agent_spec(agent_id)
+            .map(|spec| spec.id.clone());
+        let agent = agent_id.as_deref().and_then(|id| self.agent_auto(id));
+        let policy = crate::auto::resolve(
+            request.run_mode,
+            request.automation_policy.as_ref(),
+            thread,
+            agent.as_ref(),
+        )?;
+        Some(rein_runtime::auto::AutoRounds::new(
+            &self.runtime,
+            agent_id.as_deref(),
+            session_id,
+            policy,
+        ))
+    }
+
     /// Ends an auto-mode round (a run whose entry carries a session):
     /// adds its tokens and reports to the thread's totals, decides, submits
     /// the next round or ends the session, sends the progress to the

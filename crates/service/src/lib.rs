@@ -217,37 +217,28 @@ impl Service {
     }
 
     /// The auto-mode session a submission starts, by the precedence in
-    /// [`crate::auto`]; `None` for a single run.
+    /// [`crate::auto`]; `None` for a single run, or when the mode resolves
+    /// it as the run starts.
     async fn auto_rounds(
         &self,
         thread_id: &str,
         submission: &Submission,
     ) -> Result<Option<rein_runtime::auto::AutoRounds>, ServiceError> {
-        if submission.run_mode == Some(RunMode::Single) {
+        if submission.run_mode == Some(RunMode::Single) || self.mode.resolves_at_start() {
             return Ok(None);
         }
-        let runtime = &self.core.runtime;
-        let agent_id = runtime
-            .agent_spec(submission.agent_id.as_deref())
-            .map(|spec| spec.id.clone());
-        let agent = agent_id.as_deref().and_then(|id| self.core.agent_auto(id));
-        // Without a mode named, only a stored or agent default makes it auto.
         let thread = self.mode.thread_auto(thread_id).await?;
-        let Some(policy) = auto::resolve(
-            submission.run_mode,
-            submission.automation_policy.as_ref(),
-            &thread,
-            agent.as_ref(),
-        ) else {
-            return Ok(None);
+        let request = auto::AutoRequest {
+            run_mode: submission.run_mode,
+            automation_policy: submission.automation_policy.clone(),
         };
         // The session's id is made from its first round's run id.
-        Ok(Some(rein_runtime::auto::AutoRounds::new(
-            runtime,
-            agent_id.as_deref(),
+        Ok(self.core.resolve_rounds(
+            submission.agent_id.as_deref(),
+            &request,
+            &thread,
             String::new(),
-            policy,
-        )))
+        ))
     }
 
     /// Sets an agent's auto-mode defaults (the deployment file's

@@ -36,6 +36,13 @@ pub(crate) trait Mode: Send + Sync + std::fmt::Debug {
         rounds: Option<AutoRounds>,
     ) -> Result<Submitted, ServiceError>;
 
+    /// Whether a submission's auto-mode session is resolved when its run
+    /// starts (by the mode) rather than when it is submitted (by the
+    /// service, which then passes the `rounds`).
+    fn resolves_at_start(&self) -> bool {
+        false
+    }
+
     /// The thread's auto-mode defaults and session totals.
     async fn thread_auto(&self, thread_id: &str) -> Result<ThreadAuto, ServiceError>;
 

@@ -131,4 +131,40 @@ impl PgRuns {
         .await
         .map(|_| ())
     }
+
+    /// Stores an auto-mode round's session state with its run (resolved
+    /// when the run started, so a run carried on after a park keeps it).
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement; calling it again is safe.
+    pub async fn set_run_auto(&self, run_id: &str, auto: &Value) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE rein_runs SET auto = $2 WHERE run_id = $1")
+            .bind(run_id)
+            .bind(auto)
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+    }
+
+    /// The auto-mode state stored with a run, if any.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
+    pub async fn run_auto(&self, run_id: &str) -> Result<Option<Value>, sqlx::Error> {
+        sqlx::query_scalar("SELECT auto FROM rein_runs WHERE run_id = $1")
+            .bind(run_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map(Option::flatten)
+    }
 }

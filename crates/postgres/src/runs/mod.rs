@@ -122,9 +122,18 @@ pub struct Claimed {
     pub messages: Value,
     /// Whether a cancel was asked while it was queued.
     pub cancel_requested: bool,
-    /// For an auto-mode round: the session's state stored with it.
+    /// For an auto-mode round: the session's state stored with it (or
+    /// the submission's own `run_mode` / `automation_policy`, to resolve
+    /// when the run starts).
     pub auto: Option<Value>,
+    /// The thread's auto-mode row when it has one (`run_mode`, `policy`,
+    /// `policy_set`, `tokens`), read in the claim's own statement.
+    pub thread_auto: Option<Value>,
 }
+
+/// A claimed row: run id, agent, messages, cancel asked, auto, the
+/// thread's auto-mode row.
+type ClaimedRow = (String, String, Value, bool, Option<Value>, Option<Value>);
 
 /// A run as stored.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -242,7 +251,7 @@ impl PgRuns {
         let Some(fence) = self.fence(thread_id) else {
             return Ok(None);
         };
-        let row: Option<(String, String, Value, bool, Option<Value>)> = sqlx::query_as(fenced!(
+        let row: Option<ClaimedRow> = sqlx::query_as(fenced!(
             "next AS (
                  SELECT run_id FROM rein_runs
                  WHERE thread_id = $1 AND status = 'queued' AND ($4 = false OR interrupt)
@@ -254,7 +263,10 @@ impl PgRuns {
              )
              UPDATE rein_runs AS r SET status = 'running', started_at = now(), worker = $3
              FROM next WHERE r.run_id = next.run_id
-             RETURNING r.run_id, r.agent_id, r.messages, r.cancel_requested, r.auto"
+             RETURNING r.run_id, r.agent_id, r.messages, r.cancel_requested, r.auto,
+                       (SELECT jsonb_build_object('run_mode', t.run_mode, 'policy', t.policy,
+                                                  'policy_set', t.policy_set, 'tokens', t.tokens)
+                        FROM rein_thread_auto t WHERE t.thread_id = r.thread_id)"
         ))
         .bind(thread_id)
         .bind(fence)
@@ -263,12 +275,13 @@ impl PgRuns {
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.map(
-            |(run_id, agent_id, messages, cancel_requested, auto)| Claimed {
+            |(run_id, agent_id, messages, cancel_requested, auto, thread_auto)| Claimed {
                 run_id,
                 agent_id,
                 messages: crate::nul::decode(messages),
                 cancel_requested,
                 auto,
+                thread_auto,
             },
         ))
     }
@@ -646,8 +659,12 @@ impl PgRuns {
         if self.fence(thread_id).is_none() {
             return Ok(Vec::new());
         }
-        let rows: Vec<(String, String, Value, bool, Option<Value>)> = sqlx::query_as(
-            "SELECT run_id, agent_id, messages, cancel_requested, auto FROM rein_runs
+        let rows: Vec<ClaimedRow> = sqlx::query_as(
+            "SELECT run_id, agent_id, messages, cancel_requested, auto,
+                    (SELECT jsonb_build_object('run_mode', t.run_mode, 'policy', t.policy,
+                                               'policy_set', t.policy_set, 'tokens', t.tokens)
+                     FROM rein_thread_auto t WHERE t.thread_id = rein_runs.thread_id)
+             FROM rein_runs
              WHERE thread_id = $1 AND status = 'running' AND worker = $2
                AND NOT EXISTS (SELECT 1 FROM rein_events e WHERE e.run_id = rein_runs.run_id)
              ORDER BY seq",
@@ -659,12 +676,13 @@ impl PgRuns {
         Ok(rows
             .into_iter()
             .map(
-                |(run_id, agent_id, messages, cancel_requested, auto)| Claimed {
+                |(run_id, agent_id, messages, cancel_requested, auto, thread_auto)| Claimed {
                     run_id,
                     agent_id,
                     messages: crate::nul::decode(messages),
                     cancel_requested,
                     auto,
+                    thread_auto,
                 },
             )
             .collect())

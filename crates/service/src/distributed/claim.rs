@@ -319,25 +319,43 @@ impl Distributed {
         if claimed.cancel_requested {
             entry.cancellation().cancel();
         }
-        // An auto-mode round: its session's state came with its row.
+        // An auto-mode round: its session's state came with its row, or
+        // the session starts here (what the submission named, the
+        // thread's defaults read with the claim, the agent's).
         let mut budget = None;
-        if let Some(auto) = claimed.auto {
-            match serde_json::from_value::<rein_runtime::auto::AutoRounds>(auto) {
-                Ok(rounds) => {
-                    let tokens = match self.db.runs().thread_auto(thread_id).await {
-                        Ok(stored) => u64::try_from(stored.tokens).unwrap_or(0),
-                        Err(error) => {
-                            tracing::warn!(%error, thread_id, "could not read the session's tokens; the round runs without its budget");
-                            0
-                        }
-                    };
-                    budget = rounds.round_budget(tokens);
-                    entry.set_rounds(rounds, tokens);
-                }
-                Err(error) => {
-                    tracing::warn!(%error, run_id = claimed.run_id, "the round's session state is unreadable; it runs as a single run");
-                }
+        let thread = super::claimed_thread_auto(claimed.thread_auto.as_ref());
+        let stored = claimed
+            .auto
+            .map(serde_json::from_value::<crate::auto::StoredAuto>);
+        let rounds = match stored {
+            Some(Ok(crate::auto::StoredAuto::Rounds(rounds))) => Some(rounds),
+            Some(Ok(crate::auto::StoredAuto::Request { request })) => self.core.resolve_rounds(
+                Some(claimed.agent_id.as_str()).filter(|a| !a.is_empty()),
+                &request,
+                &thread,
+                format!("auto-{}", claimed.run_id),
+            ),
+            Some(Err(error)) => {
+                tracing::warn!(%error, run_id = claimed.run_id, "the run's auto-mode state is unreadable; it runs as a single run");
+                None
             }
+            None => self.core.resolve_rounds(
+                Some(claimed.agent_id.as_str()).filter(|a| !a.is_empty()),
+                &crate::auto::AutoRequest::default(),
+                &thread,
+                format!("auto-{}", claimed.run_id),
+            ),
+        };
+        if let Some(rounds) = rounds {
+            // Kept with the run: carried on after a park, it is still a round.
+            let value = serde_json::to_value(crate::auto::StoredAuto::Rounds(rounds.clone()))
+                .unwrap_or_default();
+            if let Err(error) = self.db.runs().set_run_auto(&claimed.run_id, &value).await {
+                tracing::warn!(%error, run_id = claimed.run_id, "could not store the round's session state");
+            }
+            let tokens = thread.tokens_used_session;
+            budget = rounds.round_budget(tokens);
+            entry.set_rounds(rounds, tokens);
         }
         let started = match serde_json::from_value::<Vec<Message>>(claimed.messages) {
             Ok(messages) => {

@@ -48,7 +48,7 @@ use rein_runtime_contract::lifecycle::TerminationReason;
 use tokio::sync::broadcast;
 use tokio_util::task::TaskTracker;
 
-use crate::auto::{RunMode, ThreadAuto};
+use crate::auto::{AutoRequest, RunMode, StoredAuto, ThreadAuto};
 use crate::core::Core;
 use rein_runtime::approvals::Decided;
 use rein_runtime_contract::approval::{Decision, PendingApproval};
@@ -172,13 +172,30 @@ impl Distributed {
         let run_id = s.run_id.clone().unwrap_or_else(|| self.next_run_id());
         let messages = serde_json::to_value(&messages)
             .map_err(|e| ServiceError::invalid("messages", e.to_string()))?;
-        let auto = rounds.map(|rounds| {
-            let mut rounds = rounds.clone();
-            if rounds.session_id.is_empty() {
-                rounds.session_id = format!("auto-{run_id}");
+        // A next round carries its session; a first one, what the
+        // submission named (resolved with the thread's defaults, read in
+        // the claim's statement, when it starts).
+        let stored = match rounds {
+            Some(rounds) => {
+                let mut rounds = rounds.clone();
+                if rounds.session_id.is_empty() {
+                    rounds.session_id = format!("auto-{run_id}");
+                }
+                Some(StoredAuto::Rounds(rounds))
             }
-            serde_json::to_value(rounds).unwrap_or_default()
-        });
+            None if s.run_mode.is_some() || s.automation_policy.is_some() => {
+                Some(StoredAuto::Request {
+                    request: AutoRequest {
+                        run_mode: s.run_mode,
+                        automation_policy: s.automation_policy.clone(),
+                    },
+                })
+            }
+            None => None,
+        };
+        let auto = stored
+            .as_ref()
+            .map(|a| serde_json::to_value(a).unwrap_or_default());
         let new = NewRun {
             run_id: &run_id,
             thread_id,
@@ -234,8 +251,22 @@ impl Distributed {
                 s.idempotency_key.clone(),
                 RunStatus::Queued,
             );
-            if let Some(rounds) = auto.and_then(|a| serde_json::from_value(a).ok()) {
-                snapshot.set_rounds(rounds, 0);
+            // What the answer can tell of a session before it starts.
+            match &stored {
+                Some(StoredAuto::Rounds(rounds)) => snapshot.set_rounds(rounds.clone(), 0),
+                Some(StoredAuto::Request { request })
+                    if request.run_mode == Some(RunMode::Auto) =>
+                {
+                    let policy = request.automation_policy.clone().flatten();
+                    let rounds = AutoRounds::new(
+                        &self.core.runtime,
+                        Some(agent_id.as_str()),
+                        format!("auto-{run_id}"),
+                        policy,
+                    );
+                    snapshot.set_rounds(rounds, 0);
+                }
+                _ => {}
             }
             snapshot
         });
@@ -443,6 +474,10 @@ impl Mode for Distributed {
         .map_err(|e| unavailable(&e))
     }
 
+    fn resolves_at_start(&self) -> bool {
+        true
+    }
+
     async fn thread_auto(&self, thread_id: &str) -> Result<ThreadAuto, ServiceError> {
         let stored = retry(WRITE_RETRY, || self.db.runs().thread_auto(thread_id))
             .await
@@ -521,6 +556,21 @@ impl Mode for Distributed {
             self.db.release(&thread_id).await;
         }
     }
+}
+
+/// The thread's auto-mode row as a claim reads it (`run_mode`, `policy`,
+/// `policy_set`, `tokens`; none when the thread has no row).
+pub(super) fn claimed_thread_auto(value: Option<&serde_json::Value>) -> ThreadAuto {
+    let Some(v) = value else {
+        return ThreadAuto::default();
+    };
+    thread_auto(rein_postgres::StoredThreadAuto {
+        run_mode: v["run_mode"].as_str().map(str::to_owned),
+        policy: v.get("policy").filter(|p| !p.is_null()).cloned(),
+        policy_set: v["policy_set"].as_bool().unwrap_or(false),
+        tokens: v["tokens"].as_i64().unwrap_or(0),
+        reports: serde_json::Value::Array(Vec::new()),
+    })
 }
 
 /// A thread's auto-mode row as the service reads it (a value this version
