@@ -582,3 +582,60 @@ async fn an_auto_round_parked_for_approval_and_decided_on_another_process_still_
     );
     let _ = std::fs::remove_file(&config);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_round_lost_with_its_process_ends_its_session_in_the_record_the_survivor_writes() {
+    let Some(_) = database() else { return };
+    let _shared = DATABASE.read().await;
+    let lease = 2;
+    let words = (1..=40)
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let yaml = std::fs::read_to_string(auto_config())
+        .unwrap()
+        .replace("kind: scripted", "kind: scripted\n    chunk_delay_ms: 100")
+        .replace("text: \"One.\"", &format!("text: \"{words}\""))
+        + &format!("server: {{ lease_seconds: {lease} }}\n");
+    let config = std::env::temp_dir().join(format!("rein-cluster-auto-lost-{}.yaml", thread("l")));
+    std::fs::write(&config, yaml).unwrap();
+    let mut a = Node::start(&config);
+    let b = Node::start(&config);
+    let t = thread("auto-lost");
+    let (status, accepted) = a
+        .post(
+            &format!("/v1/threads/{t}/runs"),
+            json!({"agent_id": "lab", "run_mode": "auto", "automation_policy": {"maxExperiments": 5},
+                   "messages": [{"role": "user", "content": "Tune it."}]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{accepted}");
+    assert_eq!(accepted["status"], "running", "{accepted}");
+    let run = accepted["run_id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    a.child.kill().unwrap(); // SIGKILL, by PID
+    a.child.wait().unwrap();
+    let record = b.finished(&run, Duration::from_secs(lease + 10)).await;
+    assert_eq!(
+        record["termination"]["value"],
+        rein_server::service::LOST_RUN,
+        "{record}"
+    );
+    let stop = format!("run error: {}", rein_server::service::LOST_RUN);
+    assert_eq!(record["auto"]["stop_reason"], stop, "{record}");
+    assert_eq!(record["auto"]["round"], 1, "{record}");
+    assert_eq!(
+        record["auto"]["progress"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap(),
+        &json!(format!("auto-run stop condition: {stop}")),
+        "{record}"
+    );
+    assert!(
+        record["auto"].get("next_run_id").is_none(),
+        "no round after a lost one: {record}"
+    );
+    let _ = std::fs::remove_file(&config);
+}

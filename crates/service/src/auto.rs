@@ -139,6 +139,42 @@ impl AutoRecord {
     }
 }
 
+impl AutoRecord {
+    /// The part of the record of a round that ended without running to its
+    /// end by the engine (cancelled while queued, lost with its process,
+    /// unable to start): its session ends, with the round's termination.
+    pub(crate) fn ended_without_engine(
+        rounds: &AutoRounds,
+        tokens_used_session: u64,
+        termination: &rein_runtime_contract::lifecycle::TerminationReason,
+    ) -> Self {
+        use rein_runtime_contract::lifecycle::TerminationReason;
+        let round = rounds.rounds.saturating_add(1);
+        let stop_reason = match termination {
+            TerminationReason::Cancelled => "cancelled".to_owned(),
+            TerminationReason::Error(message) => format!("run error: {message}"),
+            other => format!("run error: the round ended ({other}) before it ran"),
+        };
+        tracing::info!(
+            session = rounds.session_id,
+            tokens_used_session,
+            "auto-run stop condition: {stop_reason}"
+        );
+        Self {
+            session_id: rounds.session_id.clone(),
+            round,
+            tokens_used_session,
+            max_tokens: rounds.max_tokens(),
+            progress: vec![
+                format!("auto-run round {round} finished: {termination}"),
+                format!("auto-run stop condition: {stop_reason}"),
+            ],
+            stop_reason: Some(stop_reason),
+            next_run_id: None,
+        }
+    }
+}
+
 /// The mode and policy a submission runs with, by the precedence in the
 /// module docs. `None`: a single run.
 pub(crate) fn resolve(

@@ -871,6 +871,15 @@ impl Records {
             outputs: Default::default(),
             report: Some(StopReport::new(&termination)),
         };
+        // An auto-mode round that never ran ends its session.
+        if let Some(rounds) = entry.take_rounds() {
+            let tokens = entry.auto().map_or(0, |a| a.tokens_used_session);
+            entry.set_auto(crate::auto::AutoRecord::ended_without_engine(
+                &rounds,
+                tokens,
+                &termination,
+            ));
+        }
         log_run(entry, &event, false);
         self.metrics.record(&event);
         let logged = entry.append(event);

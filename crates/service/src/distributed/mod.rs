@@ -273,6 +273,31 @@ impl Distributed {
         Ok(Some(Submitted::New(entry)))
     }
 
+    /// The record part of an auto-mode round that ends without the engine
+    /// (`None` for any other run).
+    async fn ended_round(
+        &self,
+        run_id: &str,
+        thread_id: &str,
+        termination: &TerminationReason,
+    ) -> Option<crate::auto::AutoRecord> {
+        let stored = self.db.runs().run_auto(run_id).await.ok().flatten()?;
+        let StoredAuto::Rounds(rounds) = serde_json::from_value(stored).ok()? else {
+            return None;
+        };
+        let tokens = self
+            .db
+            .runs()
+            .thread_auto(thread_id)
+            .await
+            .map_or(0, |t| u64::try_from(t.tokens).unwrap_or(0));
+        Some(crate::auto::AutoRecord::ended_without_engine(
+            &rounds,
+            tokens,
+            termination,
+        ))
+    }
+
     /// Finishes a run that ends without the engine (cancelled while
     /// queued, lost with its process, unable to start): writes its record
     /// and `run_finished` with `write`, then brings this process's entry,
@@ -286,9 +311,20 @@ impl Distributed {
         F: FnOnce(serde_json::Value, rein_postgres::StoredEvent) -> Fut,
         Fut: std::future::Future<Output = Result<bool, rein_postgres::Error>>,
     {
-        let (result, record, event) = run.ended();
+        let (result, mut record, event) = run.ended();
+        // An auto-mode round that ends here ends its session.
+        let round = self
+            .ended_round(run.run_id, run.thread_id, &run.termination)
+            .await;
+        if let Some(auto) = &round {
+            record["auto"] = serde_json::to_value(auto).unwrap_or_default();
+        }
         let ended = write(record, event).await?;
         if let Some(entry) = self.core.records.get(run.run_id) {
+            entry.take_rounds();
+            if let Some(auto) = round {
+                entry.set_auto(auto);
+            }
             self.settle(&entry, result).await;
         }
         Ok(ended)
