@@ -258,3 +258,83 @@ async fn a_bad_run_mode_or_policy_is_refused_naming_the_field_and_changes_nothin
     assert!(auto.get("run_mode").is_none(), "{auto}");
     server.stop().await;
 }
+
+/// Each round answers slowly (a word every 50 ms), so a client acts while
+/// it runs.
+const SLOW_YAML: &str = r#"
+providers:
+  lab:
+    kind: scripted
+    chunk_delay_ms: 50
+    responses:
+      - "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
+models:
+  lab: { provider: lab, model: x }
+agents:
+  - { id: lab, model_id: lab, plugin_ids: [automation] }
+"#;
+
+/// Waits until the run is running, and a little longer.
+async fn streaming(server: &Server, run_id: &str) {
+    for _ in 0..400 {
+        let (_, record) = server.get(&format!("/v1/runs/{run_id}")).await;
+        if record["status"] == "running" {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("run {run_id} never ran");
+}
+
+#[tokio::test]
+async fn new_input_interrupting_a_round_ends_its_session_and_starts_no_next_round() {
+    let server = Server::start(SLOW_YAML).await;
+    let (status, accepted) = server
+        .post(
+            "/v1/threads/i/runs",
+            ask(json!({"run_mode": "auto", "automation_policy": {"maxExperiments": 3}})),
+        )
+        .await;
+    assert_eq!(status, 202, "{accepted}");
+    let round = accepted["run_id"].as_str().unwrap().to_owned();
+    streaming(&server, &round).await;
+    let (status, single) = server
+        .post(
+            "/v1/threads/i/runs?wait=true",
+            ask(json!({"run_mode": "single"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{single}");
+    assert!(single.get("auto").is_none(), "{single}");
+    let record = server.finished(&round).await;
+    assert_eq!(record["termination"]["type"], "cancelled", "{record}");
+    assert_eq!(record["auto"]["stop_reason"], "cancelled", "{record}");
+    assert!(record["auto"].get("next_run_id").is_none(), "{record}");
+    // Nothing else ran on the thread: the round and the single run.
+    let (_, runs) = server.get("/v1/runs?thread_id=i").await;
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 2, "{runs}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn new_during_a_round_ends_the_session_and_leaves_the_totals_at_zero() {
+    let server = Server::start(SLOW_YAML).await;
+    let (status, accepted) = server
+        .post(
+            "/v1/threads/n/runs",
+            ask(json!({"run_mode": "auto", "automation_policy": {"maxExperiments": 3}})),
+        )
+        .await;
+    assert_eq!(status, 202, "{accepted}");
+    let round = accepted["run_id"].as_str().unwrap().to_owned();
+    streaming(&server, &round).await;
+    let (status, reset) = server.post("/v1/threads/n/new", json!({})).await;
+    assert_eq!(status, 200, "{reset}");
+    let record = server.finished(&round).await;
+    assert_eq!(record["auto"]["stop_reason"], "cancelled", "{record}");
+    let (_, auto) = server.get("/v1/threads/n/auto").await;
+    assert_eq!(auto["tokens_used_session"], 0, "{auto}");
+    assert!(server.user_messages("n").await.is_empty());
+    server.stop().await;
+}

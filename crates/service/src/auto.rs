@@ -225,6 +225,7 @@ where
 
 /// What a run's row carries for auto mode: a round's session state, or
 /// the submission's request to resolve when the run starts.
+#[cfg(feature = "postgres")]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub(crate) enum StoredAuto {
@@ -245,6 +246,21 @@ impl InMemory {
 
     pub(crate) fn get(&self, thread_id: &str) -> ThreadAuto {
         self.threads().get(thread_id).cloned().unwrap_or_default()
+    }
+
+    /// The thread's stored defaults and tokens (not its reports): what a
+    /// submission is resolved with, cheap on every submission.
+    pub(crate) fn defaults(&self, thread_id: &str) -> ThreadAuto {
+        let threads = self.threads();
+        match threads.get(thread_id) {
+            None => ThreadAuto::default(),
+            Some(t) => ThreadAuto {
+                run_mode: t.run_mode,
+                policy: t.policy.clone(),
+                tokens_used_session: t.tokens_used_session,
+                reports: Vec::new(),
+            },
+        }
     }
 
     pub(crate) fn set_defaults(

@@ -105,6 +105,7 @@ impl Core {
     /// sub-agent's run (whose token is a child of its parent's tool call),
     /// through the runtime.
     pub(crate) fn cancel_entry(&self, entry: &crate::records::RunEntry) {
+        entry.supersede(crate::records::Superseded::Cancelled);
         entry.cancellation().cancel();
         if entry.parent().is_some() {
             self.runtime.cancel_run(&entry.run_id);
@@ -236,9 +237,20 @@ impl Core {
             return;
         };
         let reports = crate::auto::reports_of(result);
-        let totals = mode
-            .add_to_session(&entry.thread_id, result.usage.total(), &reports)
-            .await;
+        let superseded = entry.superseded().or_else(|| {
+            entry
+                .cancellation()
+                .is_cancelled()
+                .then_some(crate::records::Superseded::Cancelled)
+        });
+        // A dropped thread's totals are gone (`/new`, delete): nothing adds
+        // to them again.
+        let totals = if superseded == Some(crate::records::Superseded::Dropped) {
+            Ok(ThreadAuto::default())
+        } else {
+            mode.add_to_session(&entry.thread_id, result.usage.total(), &reports)
+                .await
+        };
         let mut end = match &totals {
             Ok(totals) => crate::auto::end_round(&self.runtime, rounds, result, totals),
             Err(e) => {
@@ -257,6 +269,19 @@ impl Core {
                 end
             }
         };
+        // Cancelled or interrupted (also just after its end): no next
+        // round, whatever the round's own end said.
+        if superseded.is_some() && end.next.take().is_some() {
+            tracing::info!(
+                thread_id = entry.thread_id,
+                session = end.record.session_id,
+                "auto-run stop condition: cancelled"
+            );
+            end.record
+                .progress
+                .push("auto-run stop condition: cancelled".to_owned());
+            end.record.stop_reason = Some("cancelled".to_owned());
+        }
         if let Some((message, next)) = end.next.take() {
             let submission = Submission {
                 agent_id: Some(entry.agent_id.clone()).filter(|a| !a.is_empty()),
@@ -264,8 +289,24 @@ impl Core {
                 strategy: Strategy::Enqueue,
                 ..Submission::default()
             };
-            match mode.submit(&entry.thread_id, submission, Some(next)).await {
-                Ok(submitted) => end.record.next_run_id = Some(submitted.entry().run_id.clone()),
+            match mode
+                .submit_round(&entry.thread_id, submission, next, &entry.run_id)
+                .await
+            {
+                Ok(Some(submitted)) => {
+                    end.record.next_run_id = Some(submitted.entry().run_id.clone());
+                }
+                Ok(None) => {
+                    tracing::info!(
+                        thread_id = entry.thread_id,
+                        session = end.record.session_id,
+                        "auto-run stop condition: cancelled"
+                    );
+                    end.record
+                        .progress
+                        .push("auto-run stop condition: cancelled".to_owned());
+                    end.record.stop_reason = Some("cancelled".to_owned());
+                }
                 Err(e) => {
                     let reason = format!("run error: the next round could not be submitted: {e}");
                     tracing::info!(

@@ -44,7 +44,7 @@ use rein_runtime_contract::approval::{Decision, PendingApproval};
 use crate::error::ServiceError;
 use crate::listing::{Page, RunFilter, RunSummary, ThreadFilter, ThreadSummary};
 use crate::mode::Mode;
-use crate::records::{RunEntry, RunStatus};
+use crate::records::{RunEntry, RunStatus, Superseded};
 use crate::submission::{Strategy, Submission, Submitted};
 
 /// How often the parked runs' rule timeouts are looked at.
@@ -280,6 +280,18 @@ impl InProcess {
         rounds: Option<AutoRounds>,
     ) -> Result<Submitted, ServiceError> {
         let _serial = lane.submit.lock().await;
+        self.submit_locked(lane, thread_id, s, rounds).await
+    }
+
+    /// [`submit_in`](Self::submit_in) with the lane's submission lock held
+    /// by the caller.
+    async fn submit_locked(
+        &self,
+        lane: &Arc<Lane>,
+        thread_id: &str,
+        s: Submission,
+        rounds: Option<AutoRounds>,
+    ) -> Result<Submitted, ServiceError> {
         let core = &self.core;
         // Only a keyed submission is compared with a later one.
         let fingerprint = s.idempotency_key.as_ref().map(|_| {
@@ -360,6 +372,12 @@ impl InProcess {
                 request,
             });
         } else {
+            // The run it interrupts is superseded: were it an auto-mode
+            // round just ending, its session starts no next round.
+            let active = lane.state().active.clone();
+            if let Some(active) = active.and_then(|id| core.records.get(&id)) {
+                active.supersede(Superseded::Cancelled);
+            }
             // A parked run that new input supersedes ends first (the
             // mailbox interrupts it once it is carried on).
             self.carry_on(lane, false).await;
@@ -410,23 +428,38 @@ impl InProcess {
                     TerminationReason::Error(e.to_string()),
                 ),
             };
-            // An auto-mode round: its end may queue the next one.
-            mode.core.end_round(&*mode, &entry, &result).await;
-            let dropped = mode.core.records.finish(&entry, result);
-            mode.forget_keys(dropped);
-            let serial = lane.submit.lock().await;
-            let mine = {
-                let mut state = lane.state();
-                let mine = state.active.as_deref() == Some(entry.run_id.as_str());
-                if mine {
-                    state.active = None;
+            // An auto-mode round ends under the lane's lock, so a cancel,
+            // new input or deletion is either seen by its end or sees the
+            // next round queued.
+            {
+                let round = entry.is_round();
+                let early = if round {
+                    Some(lane.submit.lock().await)
+                } else {
+                    None
+                };
+                if round {
+                    mode.core.end_round(&*mode, &entry, &result).await;
                 }
-                mine
-            };
-            if mine {
-                mode.start_next(&lane).await;
+                let dropped = mode.core.records.finish(&entry, result);
+                mode.forget_keys(dropped);
+                let serial = match early {
+                    Some(serial) => serial,
+                    None => lane.submit.lock().await,
+                };
+                let mine = {
+                    let mut state = lane.state();
+                    let mine = state.active.as_deref() == Some(entry.run_id.as_str());
+                    if mine {
+                        state.active = None;
+                    }
+                    mine
+                };
+                if mine {
+                    mode.start_next(&lane).await;
+                }
+                drop(serial);
             }
-            drop(serial);
             drop(lane);
             mode.tidy(&entry.thread_id);
         });
@@ -495,6 +528,14 @@ impl InProcess {
         }
     }
 
+    /// Marks the lane's active run (see [`RunEntry::supersede`]).
+    fn supersede_active(&self, lane: &Lane, how: Superseded) {
+        let active = lane.state().active.clone();
+        if let Some(entry) = active.and_then(|id| self.core.records.get(&id)) {
+            entry.supersede(how);
+        }
+    }
+
     fn drain_queue(&self, lane: &Lane, cause: CancelCause) {
         let queued: Vec<Queued> = lane.state().queue.drain(..).collect();
         for q in queued {
@@ -505,6 +546,21 @@ impl InProcess {
 
 #[async_trait::async_trait]
 impl Mode for InProcess {
+    async fn submit_round(
+        &self,
+        thread_id: &str,
+        s: Submission,
+        rounds: AutoRounds,
+        _after: &str,
+    ) -> Result<Option<Submitted>, ServiceError> {
+        // From `drive`, which holds the lane's lock: what could overtake the
+        // round's end took the lock first, and marked the round.
+        let lane = self.lane(thread_id);
+        self.submit_locked(&lane, thread_id, s, Some(rounds))
+            .await
+            .map(Some)
+    }
+
     async fn submit(
         &self,
         thread_id: &str,
@@ -552,7 +608,7 @@ impl Mode for InProcess {
             None => {
                 self.core.cancel_entry(&entry);
                 let lane = self.lane(&entry.thread_id);
-                let _serial = lane.submit.lock().await;
+                let serial = lane.submit.lock().await;
                 let parked = lane
                     .state()
                     .parked
@@ -560,6 +616,12 @@ impl Mode for InProcess {
                     .is_some_and(|p| p.run_id == run_id);
                 if parked {
                     self.carry_on(&lane, false).await;
+                }
+                drop(serial);
+                // An auto-mode round whose end queued the next one before
+                // the cancel: the session's next round is cancelled too.
+                if let Some(next) = entry.auto().and_then(|a| a.next_run_id) {
+                    Box::pin(self.cancel_run(&next)).await?;
                 }
             }
         }
@@ -646,6 +708,7 @@ impl Mode for InProcess {
         {
             let _serial = lane.submit.lock().await;
             self.end_parked(&lane).await;
+            self.supersede_active(&lane, Superseded::Cancelled);
         }
         drop(lane);
         let runtime = &self.core.runtime;
@@ -659,6 +722,7 @@ impl Mode for InProcess {
     async fn delete_thread(&self, thread_id: &str) -> Result<(), ServiceError> {
         let lane = self.lane(thread_id);
         let serial = lane.submit.lock().await;
+        self.supersede_active(&lane, Superseded::Dropped);
         self.drain_queue(&lane, CancelCause::Requested);
         self.end_parked(&lane).await;
         let outcome = self.core.runtime.delete_thread(thread_id).await;

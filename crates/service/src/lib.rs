@@ -210,8 +210,12 @@ impl Service {
         if let (Submitted::New(_), (mode, policy)) = (&submitted, defaults)
             && (mode.is_some() || policy.is_some())
         {
-            // What a submission names becomes the thread's default.
-            self.mode.set_auto_defaults(thread_id, mode, policy).await?;
+            // What a submission names becomes the thread's default. The
+            // submission is accepted already: a failure here is logged,
+            // never its answer (a retry would submit it twice).
+            if let Err(error) = self.mode.set_auto_defaults(thread_id, mode, policy).await {
+                tracing::warn!(%error, thread_id, "could not store the thread's auto-mode defaults");
+            }
         }
         Ok(submitted)
     }
@@ -227,7 +231,9 @@ impl Service {
         if submission.run_mode == Some(RunMode::Single) || self.mode.resolves_at_start() {
             return Ok(None);
         }
-        let thread = self.mode.thread_auto(thread_id).await?;
+        // In-process (the only mode resolving here) the defaults are in
+        // memory: no mode call on every submission.
+        let thread = self.core.autos.defaults(thread_id);
         let request = auto::AutoRequest {
             run_mode: submission.run_mode,
             automation_policy: submission.automation_policy.clone(),

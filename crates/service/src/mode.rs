@@ -36,6 +36,19 @@ pub(crate) trait Mode: Send + Sync + std::fmt::Debug {
         rounds: Option<AutoRounds>,
     ) -> Result<Submitted, ServiceError>;
 
+    /// Submits an auto-mode session's next round from the end of round
+    /// `after` (in-process, the caller holds the thread's lane: see
+    /// `InProcess::drive`). `None` when a client overtook `after`'s end (a
+    /// cancel, new input, the thread lost to another process): the session
+    /// ends there.
+    async fn submit_round(
+        &self,
+        thread_id: &str,
+        s: Submission,
+        rounds: AutoRounds,
+        after: &str,
+    ) -> Result<Option<Submitted>, ServiceError>;
+
     /// Whether a submission's auto-mode session is resolved when its run
     /// starts (by the mode) rather than when it is submitted (by the
     /// service, which then passes the `rounds`).

@@ -206,6 +206,15 @@ pub struct ThreadEvent {
     pub json: Arc<LoggedEvent>,
 }
 
+/// What a client did to a run that its end must respect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Superseded {
+    /// Cancelled, or interrupted by new input.
+    Cancelled = 1,
+    /// Its thread was deleted (or reset with `/new`).
+    Dropped = 2,
+}
+
 /// A run's record and event log.
 #[derive(Debug)]
 pub struct RunEntry {
@@ -228,6 +237,9 @@ pub struct RunEntry {
     driven_here: std::sync::atomic::AtomicBool,
     /// Whether a follower copies it from the database.
     followed: std::sync::atomic::AtomicBool,
+    /// What a client did to it that its end must respect (an auto-mode
+    /// round then starts no next round): [`Superseded`] as a number.
+    superseded: std::sync::atomic::AtomicU8,
     /// When this process made the entry (a run's log line says how long
     /// it ran here).
     born: std::time::Instant,
@@ -288,6 +300,7 @@ impl RunEntry {
             changed: watch::channel(0).0,
             driven_here: std::sync::atomic::AtomicBool::new(false),
             followed: std::sync::atomic::AtomicBool::new(false),
+            superseded: std::sync::atomic::AtomicU8::new(0),
             born: std::time::Instant::now(),
             created_us: crate::listing::now_us(),
         })
@@ -328,6 +341,27 @@ impl RunEntry {
 
     fn state(&self) -> MutexGuard<'_, EntryState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes that a client cancelled or interrupted the run, or dropped
+    /// its thread (the stronger mark stays).
+    pub(crate) fn supersede(&self, how: Superseded) {
+        self.superseded
+            .fetch_max(how as u8, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// What a client did to the run, if anything.
+    pub(crate) fn superseded(&self) -> Option<Superseded> {
+        match self.superseded.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => None,
+            1 => Some(Superseded::Cancelled),
+            _ => Some(Superseded::Dropped),
+        }
+    }
+
+    /// Whether the run is an auto-mode round whose end is not decided yet.
+    pub(crate) fn is_round(&self) -> bool {
+        self.state().rounds.is_some()
     }
 
     /// Makes the run a round of an auto-mode session, whose thread has

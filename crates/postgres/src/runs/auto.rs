@@ -22,6 +22,17 @@ pub struct StoredThreadAuto {
     pub reports: Value,
 }
 
+impl StoredThreadAuto {
+    /// The row with the text NUL-encoded for storage decoded again.
+    fn decoded(self) -> Self {
+        Self {
+            policy: self.policy.map(crate::nul::decode),
+            reports: crate::nul::decode(self.reports),
+            ..self
+        }
+    }
+}
+
 impl PgRuns {
     /// The thread's auto-mode row (the default one when it has none).
     ///
@@ -40,10 +51,13 @@ impl PgRuns {
         .bind(thread_id)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.unwrap_or_else(|| StoredThreadAuto {
-            reports: Value::Array(Vec::new()),
-            ..StoredThreadAuto::default()
-        }))
+        Ok(row.map_or_else(
+            || StoredThreadAuto {
+                reports: Value::Array(Vec::new()),
+                ..StoredThreadAuto::default()
+            },
+            StoredThreadAuto::decoded,
+        ))
     }
 
     /// Stores the thread's defaults: the mode when `run_mode` is given, the
@@ -73,7 +87,7 @@ impl PgRuns {
         )
         .bind(thread_id)
         .bind(run_mode)
-        .bind(policy.flatten())
+        .bind(policy.flatten().map(crate::nul::encode))
         .bind(policy.is_some())
         .execute(&self.pool)
         .await
@@ -98,7 +112,7 @@ impl PgRuns {
         tokens: i64,
         reports: &Value,
     ) -> Result<StoredThreadAuto, sqlx::Error> {
-        sqlx::query_as(
+        let row: StoredThreadAuto = sqlx::query_as(
             "INSERT INTO rein_thread_auto (thread_id, tokens, reports)
              VALUES ($1, $2, $3)
              ON CONFLICT (thread_id) DO UPDATE SET
@@ -108,9 +122,10 @@ impl PgRuns {
         )
         .bind(thread_id)
         .bind(tokens)
-        .bind(reports)
+        .bind(crate::nul::encode(reports))
         .fetch_one(&self.pool)
-        .await
+        .await?;
+        Ok(row.decoded())
     }
 
     /// Clears the thread's session totals; its defaults stay.
@@ -145,7 +160,7 @@ impl PgRuns {
     pub async fn set_run_auto(&self, run_id: &str, auto: &Value) -> Result<(), sqlx::Error> {
         sqlx::query("UPDATE rein_runs SET auto = $2 WHERE run_id = $1")
             .bind(run_id)
-            .bind(auto)
+            .bind(crate::nul::encode(auto))
             .execute(&self.pool)
             .await
             .map(|_| ())
@@ -165,6 +180,56 @@ impl PgRuns {
             .bind(run_id)
             .fetch_optional(&self.pool)
             .await
-            .map(Option::flatten)
+            .map(|v: Option<Option<Value>>| v.flatten().map(crate::nul::decode))
+    }
+
+    /// Queues an auto-mode session's next round (`enqueue`, `auto` its
+    /// session state) after round `after` ended here — only while this
+    /// process still holds the thread (fenced), `after` was not asked to
+    /// cancel, and no `interrupt` submission waits on the thread: a round
+    /// whose end a client overtook starts nothing. `false` when refused.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it answers, the round may or may not
+    /// have been queued.
+    pub async fn submit_next_round(
+        &self,
+        thread_id: &str,
+        after: &str,
+        run_id: &str,
+        agent_id: &str,
+        messages: &Value,
+        auto: &Value,
+    ) -> Result<bool, sqlx::Error> {
+        let Some(fence) = self.fence(thread_id) else {
+            return Ok(false);
+        };
+        let inserted: Option<String> = sqlx::query_scalar(fenced!(
+            "ok AS (
+                 SELECT 1 WHERE EXISTS (SELECT 1 FROM fence)
+                   AND NOT EXISTS (SELECT 1 FROM rein_runs WHERE run_id = $4 AND cancel_requested)
+                   AND NOT EXISTS (SELECT 1 FROM rein_runs
+                                   WHERE thread_id = $1 AND status = 'queued' AND interrupt)
+             )
+             INSERT INTO rein_runs (run_id, thread_id, agent_id, interrupt, messages, auto)
+             SELECT $5, $1, $6, false, $7, $8 FROM ok
+             RETURNING run_id"
+        ))
+        .bind(thread_id)
+        .bind(fence)
+        .bind(self.leases.owner())
+        .bind(after)
+        .bind(run_id)
+        .bind(agent_id)
+        .bind(crate::nul::encode(messages))
+        .bind(crate::nul::encode(auto))
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(inserted.is_some())
     }
 }

@@ -59,7 +59,6 @@ macro_rules! waiting {
     };
 }
 
-mod auto;
 mod orphans;
 mod submit;
 
@@ -204,6 +203,7 @@ macro_rules! fenced_events {
 }
 
 // After the macros, which they use.
+mod auto;
 mod decisions;
 mod parked;
 
@@ -280,8 +280,8 @@ impl PgRuns {
                 agent_id,
                 messages: crate::nul::decode(messages),
                 cancel_requested,
-                auto,
-                thread_auto,
+                auto: auto.map(crate::nul::decode),
+                thread_auto: thread_auto.map(crate::nul::decode),
             },
         ))
     }
@@ -681,8 +681,8 @@ impl PgRuns {
                     agent_id,
                     messages: crate::nul::decode(messages),
                     cancel_requested,
-                    auto,
-                    thread_auto,
+                    auto: auto.map(crate::nul::decode),
+                    thread_auto: thread_auto.map(crate::nul::decode),
                 },
             )
             .collect())

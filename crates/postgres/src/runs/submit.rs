@@ -35,7 +35,7 @@ impl PgRuns {
             interrupt: new.interrupt,
             idempotency_key: new.idempotency_key.map(str::to_owned),
             messages: crate::nul::encode(new.messages).to_string(),
-            auto: new.auto.map(ToString::to_string),
+            auto: new.auto.map(|a| crate::nul::encode(a).to_string()),
             // An `enqueue` waits for the thread's current run, whose
             // holder claims the next one when it ends (and, giving the
             // thread up, looks once more and says `r:`): only an
@@ -119,7 +119,7 @@ impl PgRuns {
         .bind(new.interrupt)
         .bind(new.idempotency_key)
         .bind(messages.as_ref())
-        .bind(new.auto)
+        .bind(new.auto.map(crate::nul::encode))
         .fetch_optional(&mut *tx)
         .await;
         match inserted {

@@ -26,12 +26,23 @@ pub(crate) enum Repeat {
     Stop(String),
 }
 
-/// The answers of one session's rounds.
+/// The answers of one session's rounds, as hashes: the state travels with
+/// every queued round (a service stores it with the run), so it stays a
+/// few bytes per answer however long the answers are.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Monologue {
     duplicates: usize,
-    answers: Vec<String>,
+    answers: Vec<u64>,
     nudged: bool,
+}
+
+/// An answer's hash: SipHash with fixed keys, the same in every process of
+/// a build.
+fn hash(answer: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    answer.hash(&mut hasher);
+    hasher.finish()
 }
 
 impl Monologue {
@@ -48,11 +59,12 @@ impl Monologue {
         if self.duplicates == 0 || answer.trim().is_empty() {
             return Repeat::No;
         }
-        let same = self.answers.iter().filter(|a| *a == answer).count();
+        let answer_hash = hash(answer);
+        let same = self.answers.iter().filter(|a| **a == answer_hash).count();
         if self.answers.len() == REMEMBERED {
             self.answers.remove(0);
         }
-        self.answers.push(answer.to_owned());
+        self.answers.push(answer_hash);
         if same < self.duplicates {
             return Repeat::No;
         }

@@ -266,7 +266,7 @@ fn stream(
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let suspended = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let current = Arc::new(std::sync::Mutex::new(entry.clone()));
-    let guard = AbortOnDrop(Some(current.clone()), suspended.clone());
+    let guard = AbortOnDrop(Some(current.clone()), suspended.clone(), service.clone());
     let first = futures::stream::iter(translator.start());
     let thread_id = entry.thread_id.clone();
     let rest = session_log(service.clone(), entry, from, current).then(move |followed| {
@@ -324,6 +324,7 @@ fn stream(
 struct AbortOnDrop(
     Option<Arc<std::sync::Mutex<Arc<RunEntry>>>>,
     Arc<std::sync::atomic::AtomicBool>,
+    Service,
 );
 
 impl Drop for AbortOnDrop {
@@ -332,11 +333,25 @@ impl Drop for AbortOnDrop {
             .0
             .take()
             .map(|current| current.lock().unwrap_or_else(|e| e.into_inner()).clone());
-        if let Some(entry) = entry
-            && entry.status() != RunStatus::Finished
-            && !self.1.load(std::sync::atomic::Ordering::SeqCst)
-        {
+        let Some(entry) = entry else { return };
+        if self.1.load(std::sync::atomic::Ordering::SeqCst) {
+            return; // suspended on an interrupt: the run goes on
+        }
+        if entry.status() != RunStatus::Finished {
             entry.cancellation().cancel();
+        }
+        // An auto-mode round may have queued the next one as the client
+        // left: that round is cancelled too, so the session ends.
+        if entry.record().auto.is_some() {
+            let service = self.2.clone();
+            tokio::spawn(async move {
+                let record = entry.finished().await;
+                if let Some(next) = record.auto.and_then(|a| a.next_run_id)
+                    && let Err(error) = service.cancel_run(&next).await
+                {
+                    tracing::warn!(%error, run_id = next, "could not cancel the session's next round");
+                }
+            });
         }
     }
 }

@@ -993,9 +993,10 @@ impl<'de> Visitor<'de> for AgentsSeed<'_> {
                     ))
                 })?;
             }
-            // A policy alone makes auto mode the agent's default.
+            // A policy alone makes auto mode the agent's default (`null`
+            // alone sets nothing).
             let auto = match (run_mode, policy) {
-                (None, None) => None,
+                (None, None | Some(None)) => None,
                 (mode, policy) => Some(rein_service::AgentAuto {
                     run_mode: mode.unwrap_or(rein_service::RunMode::Auto),
                     policy: policy.flatten(),

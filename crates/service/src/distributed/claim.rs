@@ -307,6 +307,11 @@ impl Distributed {
     /// thread's active run if there is one).
     async fn start_claimed(&self, thread_id: &str, pump: &Arc<Pump>, claimed: Claimed) {
         let records = &self.core.records;
+        // The run this one interrupts is superseded: were it an auto-mode
+        // round just ending, its session starts no next round.
+        if let Some(active) = pump.active() {
+            active.supersede(crate::records::Superseded::Cancelled);
+        }
         let entry = records.get_or_create(
             &claimed.run_id,
             thread_id,

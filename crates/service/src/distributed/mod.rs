@@ -514,6 +514,37 @@ impl Mode for Distributed {
         true
     }
 
+    async fn submit_round(
+        &self,
+        thread_id: &str,
+        s: Submission,
+        mut rounds: AutoRounds,
+        after: &str,
+    ) -> Result<Option<Submitted>, ServiceError> {
+        let run_id = self.next_run_id();
+        if rounds.session_id.is_empty() {
+            rounds.session_id = format!("auto-{run_id}");
+        }
+        let agent_id = s.agent_id.clone().unwrap_or_default();
+        let messages = serde_json::to_value(&s.messages)
+            .map_err(|e| ServiceError::invalid("messages", e.to_string()))?;
+        let auto = serde_json::to_value(StoredAuto::Rounds(rounds.clone()))
+            .map_err(|e| ServiceError::invalid("auto", e.to_string()))?;
+        // Not retried: a lost answer's retry would find its own row taken.
+        let queued = self
+            .db
+            .runs()
+            .submit_next_round(thread_id, after, &run_id, &agent_id, &messages, &auto)
+            .await
+            .map_err(|e| unavailable(&e))?;
+        if !queued {
+            return Ok(None);
+        }
+        let entry = RunEntry::new(&run_id, thread_id, &agent_id, None, RunStatus::Queued);
+        entry.set_rounds(rounds, 0);
+        Ok(Some(Submitted::New(entry)))
+    }
+
     async fn thread_auto(&self, thread_id: &str) -> Result<ThreadAuto, ServiceError> {
         let stored = retry(WRITE_RETRY, || self.db.runs().thread_auto(thread_id))
             .await
@@ -617,12 +648,16 @@ fn thread_auto(stored: rein_postgres::StoredThreadAuto) -> ThreadAuto {
             .run_mode
             .as_deref()
             .and_then(|m| RunMode::parse("run_mode", m).ok()),
-        policy: stored.policy_set.then(|| {
-            stored
-                .policy
-                .and_then(|p| serde_json::from_value::<AutomationPolicy>(p).ok())
-                .filter(|p| !p.is_empty())
-        }),
+        policy: if stored.policy_set {
+            match stored.policy {
+                None => Some(None),
+                Some(p) => serde_json::from_value::<AutomationPolicy>(p)
+                    .ok()
+                    .map(|p| Some(p).filter(|p| !p.is_empty())),
+            }
+        } else {
+            None
+        },
         tokens_used_session: u64::try_from(stored.tokens).unwrap_or(0),
         reports: serde_json::from_value(stored.reports).unwrap_or_default(),
     }
