@@ -426,28 +426,12 @@ async fn a_storm_of_submissions_loses_none_duplicates_none_and_never_overlaps_ru
     }
 }
 
-/// A deployment whose `lab` agent reports one experiment per round.
-fn auto_config() -> std::path::PathBuf {
-    let yaml = r#"
-providers:
-  lab:
-    kind: scripted
-    responses:
-      - { tool_calls: [ { name: report_metrics, arguments: { metrics: { acc: 0.5 } } } ], usage: { input: 100, output: 20 } }
-      - { text: "One.", usage: { input: 100, output: 20 } }
-      - { tool_calls: [ { name: report_metrics, arguments: { metrics: { acc: 0.6 } } } ], usage: { input: 100, output: 20 } }
-      - { text: "Two.", usage: { input: 100, output: 20 } }
-models:
-  lab: { provider: lab, model: x }
-agents:
-  - { id: lab, model_id: lab, plugin_ids: [automation] }
-store: { postgres: { url_env: REIN_DATABASE_URL } }
-"#;
-    let path = std::env::temp_dir().join(format!(
-        "rein-cluster-auto-{}-{}.yaml",
-        std::process::id(),
-        thread("f")
-    ));
+/// The shared deployment, whose `lab` agent reports one experiment per
+/// round, with `edit` applied to its text (every node of the database
+/// must know the agent: a process may take over any thread).
+fn auto_config(lease: u64, edit: impl Fn(String) -> String) -> std::path::PathBuf {
+    let path = config(lease);
+    let yaml = edit(std::fs::read_to_string(&path).unwrap());
     std::fs::write(&path, yaml).unwrap();
     path
 }
@@ -468,7 +452,7 @@ async fn an_auto_session_s_rounds_totals_and_defaults_are_read_from_another_proc
  {
     let Some(_) = database() else { return };
     let _shared = DATABASE.read().await;
-    let config = auto_config();
+    let config = auto_config(3, |y| y);
     let mut a = Node::start(&config);
     let b = Node::start(&config);
     let t = thread("auto");
@@ -541,12 +525,12 @@ async fn an_auto_session_s_rounds_totals_and_defaults_are_read_from_another_proc
 async fn an_auto_round_parked_for_approval_and_decided_on_another_process_still_ends_its_session() {
     let Some(_) = database() else { return };
     let _shared = DATABASE.read().await;
-    let yaml = std::fs::read_to_string(auto_config()).unwrap().replace(
-        "plugin_ids: [automation] }",
-        "plugin_ids: [automation], approvals: [ { tool: report_metrics, action: ask } ] }",
-    );
-    let config = std::env::temp_dir().join(format!("rein-cluster-auto-park-{}.yaml", thread("p")));
-    std::fs::write(&config, yaml).unwrap();
+    let config = auto_config(3, |y| {
+        y.replace(
+            "plugin_ids: [automation] }",
+            "plugin_ids: [automation], approvals: [ { tool: report_metrics, action: ask } ] }",
+        )
+    });
     let (a, b) = (Node::start(&config), Node::start(&config));
     let t = thread("auto-park");
     let (status, accepted) = a
@@ -559,12 +543,13 @@ async fn an_auto_round_parked_for_approval_and_decided_on_another_process_still_
     assert_eq!(status, 202, "{accepted}");
     let run = accepted["run_id"].as_str().unwrap().to_owned();
     let deadline = Instant::now() + Duration::from_secs(20);
+    // Listed once parked and let go by A (the listing is the database's).
     let call = loop {
-        let (_, record) = b.get(&format!("/v1/runs/{run}")).await;
-        if let Some(call) = record["pending_approvals"][0]["call_id"].as_str() {
+        let (_, pending) = b.get(&format!("/v1/approvals?thread_id={t}")).await;
+        if let Some(call) = pending[0]["call_id"].as_str() {
             break call.to_owned();
         }
-        assert!(Instant::now() < deadline, "never parked: {record}");
+        assert!(Instant::now() < deadline, "never parked: {pending}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let (status, decided) = b
@@ -592,13 +577,13 @@ async fn an_auto_round_lost_with_its_process_ends_its_session_in_the_record_the_
         .map(|i| format!("w{i}"))
         .collect::<Vec<_>>()
         .join(" ");
-    let yaml = std::fs::read_to_string(auto_config())
-        .unwrap()
-        .replace("kind: scripted", "kind: scripted\n    chunk_delay_ms: 100")
+    let config = auto_config(lease, |y| {
+        y.replace(
+            "  lab:\n    kind: scripted",
+            "  lab:\n    kind: scripted\n    chunk_delay_ms: 100",
+        )
         .replace("text: \"One.\"", &format!("text: \"{words}\""))
-        + &format!("server: {{ lease_seconds: {lease} }}\n");
-    let config = std::env::temp_dir().join(format!("rein-cluster-auto-lost-{}.yaml", thread("l")));
-    std::fs::write(&config, yaml).unwrap();
+    });
     let mut a = Node::start(&config);
     let b = Node::start(&config);
     let t = thread("auto-lost");

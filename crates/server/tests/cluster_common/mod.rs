@@ -33,12 +33,23 @@ pub(crate) fn config(lease_seconds: u64) -> PathBuf {
 providers:
   quick: {{ kind: scripted, responses: ["Done."] }}
   slow: {{ kind: scripted, chunk_delay_ms: 100, responses: ["{words}"] }}
+  lab:
+    kind: scripted
+    responses:
+      - {{ tool_calls: [ {{ name: report_metrics, arguments: {{ metrics: {{ acc: 0.5 }} }} }} ], usage: {{ input: 100, output: 20 }} }}
+      - {{ text: "One.", usage: {{ input: 100, output: 20 }} }}
+      - {{ tool_calls: [ {{ name: report_metrics, arguments: {{ metrics: {{ acc: 0.6 }} }} }} ], usage: {{ input: 100, output: 20 }} }}
+      - {{ text: "Two.", usage: {{ input: 100, output: 20 }} }}
 models:
   quick: {{ provider: quick, model: q }}
   slow: {{ provider: slow, model: s }}
+  lab: {{ provider: lab, model: x }}
 agents:
   - {{ id: quick, model_id: quick }}
   - {{ id: slow, model_id: slow }}
+  # Auto mode's tests (every node of the shared database knows every
+  # agent: a process may take over any thread whose owner is gone).
+  - {{ id: lab, model_id: lab, plugin_ids: [automation] }}
 store: {{ postgres: {{ url_env: REIN_DATABASE_URL }} }}
 server: {{ lease_seconds: {lease_seconds} }}
 "#,

@@ -310,18 +310,6 @@ impl Distributed {
         for e in events {
             entry.append_stored(e.seq as u64, &e.kind, e.data);
         }
-        // An auto-mode round carried on: its session came with its row.
-        if let Ok(Some(value)) = self.db.runs().run_auto(&parked.run_id).await
-            && let Ok(crate::auto::StoredAuto::Rounds(rounds)) = serde_json::from_value(value)
-        {
-            let tokens = self
-                .db
-                .runs()
-                .thread_auto(thread_id)
-                .await
-                .map_or(0, |t| u64::try_from(t.tokens).unwrap_or(0));
-            entry.set_rounds(rounds, tokens);
-        }
         // Running, or awaiting approval if the stored events say so.
         entry.set_running();
         if cancel {
@@ -334,6 +322,19 @@ impl Distributed {
             Ok(true)
         ) {
             return false;
+        }
+        // An auto-mode round carried on (taken, so it is this process's):
+        // its session came with its row.
+        if let Ok(Some(value)) = self.db.runs().run_auto(&parked.run_id).await
+            && let Ok(crate::auto::StoredAuto::Rounds(rounds)) = serde_json::from_value(value)
+        {
+            let tokens = self
+                .db
+                .runs()
+                .thread_auto(thread_id)
+                .await
+                .map_or(0, |t| u64::try_from(t.tokens).unwrap_or(0));
+            entry.set_rounds(rounds, tokens);
         }
         // Decisions complete already: applied before the calls may run.
         let complete = parked.is_decided();
