@@ -311,6 +311,35 @@ pub(crate) struct RoundEnd {
     pub(crate) next: Option<(Message, AutoRounds)>,
     /// The progress events to send to the thread's tail.
     pub(crate) events: Vec<AgentEvent>,
+    thread_id: String,
+    round_run_id: String,
+}
+
+impl RoundEnd {
+    /// Ends the session with `reason` instead of going on (nothing when
+    /// the round's end stopped it already): the stop's progress message,
+    /// event and log line.
+    pub(crate) fn stop_instead(&mut self, reason: String) {
+        if self.next.take().is_none() {
+            return;
+        }
+        tracing::info!(
+            thread_id = self.thread_id,
+            session = self.record.session_id,
+            "auto-run stop condition: {reason}"
+        );
+        let message = format!("auto-run stop condition: {reason}");
+        self.events.push(AgentEvent::Progress {
+            run_id: self.record.session_id.clone(),
+            thread_id: self.thread_id.clone(),
+            message: message.clone(),
+            tokens_used_session: self.record.tokens_used_session,
+            max_tokens: self.record.max_tokens,
+            round_run_id: Some(self.round_run_id.clone()),
+        });
+        self.record.progress.push(message);
+        self.record.stop_reason = Some(reason);
+    }
 }
 
 /// Decides after a round whose session totals (this round included) are
@@ -363,6 +392,8 @@ pub(crate) fn end_round(
         record,
         next,
         events,
+        thread_id: result.thread_id.clone(),
+        round_run_id: result.run_id.clone(),
     }
 }
 

@@ -254,35 +254,20 @@ impl Core {
         let mut end = match &totals {
             Ok(totals) => crate::auto::end_round(&self.runtime, rounds, result, totals),
             Err(e) => {
-                let stopped = ThreadAuto::default();
-                let mut end = crate::auto::end_round(&self.runtime, rounds, result, &stopped);
-                end.next = None;
-                let reason = format!("run error: the session's totals could not be stored: {e}");
-                tracing::warn!(
-                    thread_id = entry.thread_id,
-                    "auto-run stop condition: {reason}"
-                );
-                end.record
-                    .progress
-                    .push(format!("auto-run stop condition: {reason}"));
-                end.record.stop_reason = Some(reason);
+                let mut end =
+                    crate::auto::end_round(&self.runtime, rounds, result, &ThreadAuto::default());
+                end.stop_instead(format!(
+                    "run error: the session's totals could not be stored: {e}"
+                ));
                 end
             }
         };
         // Cancelled or interrupted (also just after its end): no next
         // round, whatever the round's own end said.
-        if superseded.is_some() && end.next.take().is_some() {
-            tracing::info!(
-                thread_id = entry.thread_id,
-                session = end.record.session_id,
-                "auto-run stop condition: cancelled"
-            );
-            end.record
-                .progress
-                .push("auto-run stop condition: cancelled".to_owned());
-            end.record.stop_reason = Some("cancelled".to_owned());
+        if superseded.is_some() {
+            end.stop_instead("cancelled".to_owned());
         }
-        if let Some((message, next)) = end.next.take() {
+        if let Some((message, next)) = end.next.clone() {
             let submission = Submission {
                 agent_id: Some(entry.agent_id.clone()).filter(|a| !a.is_empty()),
                 messages: vec![message],
@@ -294,45 +279,15 @@ impl Core {
                 .await
             {
                 Ok(Some(submitted)) => {
+                    end.next = None;
                     end.record.next_run_id = Some(submitted.entry().run_id.clone());
                 }
-                Ok(None) => {
-                    tracing::info!(
-                        thread_id = entry.thread_id,
-                        session = end.record.session_id,
-                        "auto-run stop condition: cancelled"
-                    );
-                    end.record
-                        .progress
-                        .push("auto-run stop condition: cancelled".to_owned());
-                    end.record.stop_reason = Some("cancelled".to_owned());
-                }
-                Err(e) => {
-                    let reason = format!("run error: the next round could not be submitted: {e}");
-                    tracing::info!(
-                        thread_id = entry.thread_id,
-                        session = end.record.session_id,
-                        "auto-run stop condition: {reason}"
-                    );
-                    end.record
-                        .progress
-                        .push(format!("auto-run stop condition: {reason}"));
-                    end.record.stop_reason = Some(reason);
-                }
+                // Overtaken by a client (see `Mode::submit_round`).
+                Ok(None) => end.stop_instead("cancelled".to_owned()),
+                Err(e) => end.stop_instead(format!(
+                    "run error: the next round could not be submitted: {e}"
+                )),
             }
-        }
-        if let Some(stop) = &end.record.stop_reason
-            && end.events.len() < end.record.progress.len()
-        {
-            end.events
-                .push(rein_runtime_contract::event::AgentEvent::Progress {
-                    run_id: end.record.session_id.clone(),
-                    thread_id: entry.thread_id.clone(),
-                    message: format!("auto-run stop condition: {stop}"),
-                    tokens_used_session: end.record.tokens_used_session,
-                    max_tokens: end.record.max_tokens,
-                    round_run_id: Some(entry.run_id.clone()),
-                });
         }
         for event in end.events {
             self.records.send_to_tail(&entry.thread_id, event);

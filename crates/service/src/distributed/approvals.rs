@@ -325,15 +325,7 @@ impl Distributed {
         }
         // An auto-mode round carried on (taken, so it is this process's):
         // its session came with its row.
-        if let Ok(Some(value)) = self.db.runs().run_auto(&parked.run_id).await
-            && let Ok(crate::auto::StoredAuto::Rounds(rounds)) = serde_json::from_value(value)
-        {
-            let tokens = self
-                .db
-                .runs()
-                .thread_auto(thread_id)
-                .await
-                .map_or(0, |t| u64::try_from(t.tokens).unwrap_or(0));
+        if let Some((rounds, tokens)) = self.stored_round(&parked.run_id, thread_id).await {
             entry.set_rounds(rounds, tokens);
         }
         // Decisions complete already: applied before the calls may run.

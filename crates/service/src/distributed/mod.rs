@@ -273,14 +273,13 @@ impl Distributed {
         Ok(Some(Submitted::New(entry)))
     }
 
-    /// The record part of an auto-mode round that ends without the engine
-    /// (`None` for any other run).
-    async fn ended_round(
+    /// An auto-mode round's session state as stored with its run, and its
+    /// thread's session tokens; `None` for any other run.
+    pub(super) async fn stored_round(
         &self,
         run_id: &str,
         thread_id: &str,
-        termination: &TerminationReason,
-    ) -> Option<crate::auto::AutoRecord> {
+    ) -> Option<(AutoRounds, u64)> {
         let stored = self.db.runs().run_auto(run_id).await.ok().flatten()?;
         let StoredAuto::Rounds(rounds) = serde_json::from_value(stored).ok()? else {
             return None;
@@ -291,6 +290,18 @@ impl Distributed {
             .thread_auto(thread_id)
             .await
             .map_or(0, |t| u64::try_from(t.tokens).unwrap_or(0));
+        Some((rounds, tokens))
+    }
+
+    /// The record part of an auto-mode round that ends without the engine
+    /// (`None` for any other run).
+    async fn ended_round(
+        &self,
+        run_id: &str,
+        thread_id: &str,
+        termination: &TerminationReason,
+    ) -> Option<crate::auto::AutoRecord> {
+        let (rounds, tokens) = self.stored_round(run_id, thread_id).await?;
         Some(crate::auto::AutoRecord::ended_without_engine(
             &rounds,
             tokens,
