@@ -134,6 +134,21 @@ pub struct Claimed {
 /// thread's auto-mode row.
 type ClaimedRow = (String, String, Value, bool, Option<Value>, Option<Value>);
 
+impl Claimed {
+    /// A claimed row, its stored JSON decoded.
+    fn from_row(row: ClaimedRow) -> Self {
+        let (run_id, agent_id, messages, cancel_requested, auto, thread_auto) = row;
+        Self {
+            run_id,
+            agent_id,
+            messages: crate::nul::decode(messages),
+            cancel_requested,
+            auto: auto.map(crate::nul::decode),
+            thread_auto: thread_auto.map(crate::nul::decode),
+        }
+    }
+}
+
 /// A run as stored.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct StoredRun {
@@ -274,16 +289,7 @@ impl PgRuns {
         .bind(interrupting_only)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(
-            |(run_id, agent_id, messages, cancel_requested, auto, thread_auto)| Claimed {
-                run_id,
-                agent_id,
-                messages: crate::nul::decode(messages),
-                cancel_requested,
-                auto: auto.map(crate::nul::decode),
-                thread_auto: thread_auto.map(crate::nul::decode),
-            },
-        ))
+        Ok(row.map(Claimed::from_row))
     }
 
     /// Appends a run's events (fenced) and notifies `rein_events`; `false`
@@ -673,19 +679,7 @@ impl PgRuns {
         .bind(self.leases.owner())
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(run_id, agent_id, messages, cancel_requested, auto, thread_auto)| Claimed {
-                    run_id,
-                    agent_id,
-                    messages: crate::nul::decode(messages),
-                    cancel_requested,
-                    auto: auto.map(crate::nul::decode),
-                    thread_auto: thread_auto.map(crate::nul::decode),
-                },
-            )
-            .collect())
+        Ok(rows.into_iter().map(Claimed::from_row).collect())
     }
 
     /// The thread's queued runs, oldest first.
