@@ -172,7 +172,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
             let setup = setup.as_ref().unwrap_or(&agent.measure).clone();
             let mut window = ContextWindow::new(setup, &control.thread_id, &request);
             window.limit_budget(budget);
-            Some(window)
+            Some(Box::new(window))
         }
     };
     let mut run = Run {
@@ -253,7 +253,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
             calls = parked.pending.len(),
             "run parked and let go of its task"
         );
-        run.control.let_go(parked);
+        run.control.let_go(*parked);
         return AgentRunResult::new(run.id.run_id, run.id.thread_id, reason);
     }
     Box::pin(run.finish(reason)).await
@@ -321,7 +321,9 @@ struct Run {
     /// Whether the run lets go of its task when it parks.
     release_when_parked: bool,
     /// Set when it did: the parked run to carry on.
-    let_go: Option<crate::approvals::ParkedRun>,
+    /// Boxed, like `context`: most runs never park, and a run's suspended
+    /// future holds its `Run` (W2's memory per run).
+    let_go: Option<Box<crate::approvals::ParkedRun>>,
     /// Escalations so far (their pending ids are `escalation-<n>`).
     escalations: u32,
     /// The sub-agent runs that ended, in order.
@@ -340,7 +342,9 @@ struct Run {
     cache_usage: Option<CacheUsage>,
     response: String,
     /// What the model sees, for agents with a context policy or a budget.
-    context: Option<ContextWindow>,
+    /// Boxed: a run without a context policy or token budget pays one
+    /// pointer for it, not the window's state.
+    context: Option<Box<ContextWindow>>,
     /// Whether this round's inference was already retried after the
     /// provider refused the prompt as too long.
     overflow_retried: bool,

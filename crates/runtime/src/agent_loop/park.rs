@@ -76,7 +76,7 @@ impl Run {
         run.steps = self.steps;
         run.usage = self.usage;
         run.active = self.started.elapsed();
-        self.let_go = Some(run);
+        self.let_go = Some(Box::new(run));
         Some(TerminationReason::NaturalEnd)
     }
 
