@@ -395,6 +395,11 @@ impl RunEntry {
         self.state().auto.clone()
     }
 
+    /// For an auto-mode round: its session's id (cheaper than the record).
+    pub fn auto_session(&self) -> Option<String> {
+        self.state().auto.as_ref().map(|a| a.session_id.clone())
+    }
+
     /// The record as served.
     pub fn record(&self) -> RunRecord {
         let state = self.state();

@@ -494,7 +494,7 @@ async fn submit(
         Submitted::New(_) => StatusCode::ACCEPTED,
         Submitted::Duplicate(_) => StatusCode::OK,
     };
-    let session = entry.record().auto.map(|a| a.session_id);
+    let session = entry.auto_session();
     let accepted = Accepted {
         run_id: &entry.run_id,
         thread_id: &entry.thread_id,
