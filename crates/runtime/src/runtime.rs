@@ -414,6 +414,9 @@ impl Inner {
         let task_run_id = run_id.clone();
         let task_control = control.clone();
         let observers = self.observers.clone();
+        // Boxed before the task captures it: the task's future holds a
+        // pointer, not the setup, for as long as the run waits.
+        let setup = Box::new(setup);
         let task = async move {
             // The slot lives exactly as long as this task's future.
             let _slot = slot;

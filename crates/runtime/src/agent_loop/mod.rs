@@ -104,7 +104,46 @@ pub(crate) struct RunSetup {
 
 /// Runs one run to its end and reports it. Never panics on misbehaving
 /// tools, hooks or executors; always emits exactly one `RunFinished`.
-pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
+///
+/// The setup comes boxed and the run is built by the synchronous
+/// [`prepare`]: nothing of the setup or of the building stays in the
+/// suspended future of a waiting run, only the `Run` itself.
+pub(crate) async fn execute(setup: Box<RunSetup>) -> AgentRunResult {
+    let (mut run, resume, input) = prepare(*setup);
+    // `start` and `finish` are boxed: each runs once, and keeping their
+    // state out of this future makes every waiting run ~1 KB smaller.
+    let reason = match resume {
+        Some(parked) => match Box::pin(run.resume_parked(*parked)).await {
+            Ok(()) => run.round_loop().await,
+            Err(reason) => reason,
+        },
+        None => match Box::pin(run.start(input)).await {
+            Ok(()) => run.rounds().await,
+            Err(reason) => reason,
+        },
+    };
+    // Work has stopped; a deadline passing now must not turn the reason
+    // into a cancellation.
+    run.watchdog = DeadlineWatchdog(None);
+    if let Some(parked) = run.let_go.take() {
+        // Parked and let go: the parked round is stored and announced;
+        // whoever carries the run on finishes it.
+        if let Some(context) = run.context.take() {
+            context.save(&run.request.messages);
+        }
+        tracing::debug!(
+            calls = parked.pending.len(),
+            "run parked and let go of its task"
+        );
+        run.control.let_go(*parked);
+        return AgentRunResult::new(run.id.run_id, run.id.thread_id, reason);
+    }
+    Box::pin(run.finish(reason)).await
+}
+
+/// Builds a run from its setup and announces it (`RunStarted`, unless it
+/// is carried on from a park); returns it with what it starts from.
+fn prepare(setup: RunSetup) -> (Run, Option<Box<crate::approvals::ParkedRun>>, Vec<Message>) {
     let RunSetup {
         agent,
         control,
@@ -175,7 +214,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
             Some(Box::new(window))
         }
     };
-    let mut run = Run {
+    let run = Run {
         context,
         overflow_retried: false,
         id: RunIdentity {
@@ -228,35 +267,7 @@ pub(crate) async fn execute(setup: RunSetup) -> AgentRunResult {
             agent_id: run.id.agent_id.clone(),
         });
     }
-    // `start` and `finish` are boxed: each runs once, and keeping their
-    // state out of this future makes every waiting run ~1 KB smaller.
-    let reason = match resume {
-        Some(parked) => match Box::pin(run.resume_parked(*parked)).await {
-            Ok(()) => run.round_loop().await,
-            Err(reason) => reason,
-        },
-        None => match Box::pin(run.start(input)).await {
-            Ok(()) => run.rounds().await,
-            Err(reason) => reason,
-        },
-    };
-    // Work has stopped; a deadline passing now must not turn the reason
-    // into a cancellation.
-    run.watchdog = DeadlineWatchdog(None);
-    if let Some(parked) = run.let_go.take() {
-        // Parked and let go: the parked round is stored and announced;
-        // whoever carries the run on finishes it.
-        if let Some(context) = run.context.take() {
-            context.save(&run.request.messages);
-        }
-        tracing::debug!(
-            calls = parked.pending.len(),
-            "run parked and let go of its task"
-        );
-        run.control.let_go(*parked);
-        return AgentRunResult::new(run.id.run_id, run.id.thread_id, reason);
-    }
-    Box::pin(run.finish(reason)).await
+    (run, resume, input)
 }
 
 /// What a hook dispatch focuses on besides the run.
