@@ -52,6 +52,14 @@ pub enum RunMode {
 }
 
 impl RunMode {
+    /// Its name: `single` or `auto`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Single => "single",
+            Self::Auto => "auto",
+        }
+    }
+
     /// Parses `single` or `auto`.
     ///
     /// # Errors
@@ -214,8 +222,13 @@ pub(crate) struct AutoRequest {
     pub(crate) automation_policy: Option<Option<AutomationPolicy>>,
 }
 
-/// A field that may be absent (`None`), `null` (`Some(None)`) or a value.
-fn nullable<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+/// A field that may be absent (`None`), `null` (`Some(None)`) or a value
+/// (with `#[serde(default, deserialize_with = "nullable")]`).
+///
+/// # Errors
+///
+/// The value's own deserialization error.
+pub fn nullable<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
 where
     D: serde::Deserializer<'de>,
     T: Deserialize<'de>,

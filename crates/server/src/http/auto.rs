@@ -7,19 +7,12 @@ use axum::Json;
 use axum::extract::State;
 use rein::auto::AutomationPolicy;
 use rein_service::{RunMode, RunRecord, Service, ServiceError, ThreadAuto};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::Serialize;
 
 use super::ApiError;
 use super::extract::PathParams;
 
-/// A field that may be absent (`None`), `null` (`Some(None)`) or a value.
-pub(super) fn nullable<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Option::<T>::deserialize(deserializer).map(Some)
-}
+pub(super) use rein_service::auto::nullable;
 
 /// The submission's `run_mode`, checked.
 pub(crate) fn run_mode(name: Option<&str>) -> Result<Option<RunMode>, ServiceError> {
@@ -83,10 +76,7 @@ impl ThreadAutoView {
             .and_then(|p| p.max_tokens);
         Self {
             thread_id,
-            run_mode: auto.run_mode.map(|m| match m {
-                RunMode::Auto => "auto".to_owned(),
-                RunMode::Single => "single".to_owned(),
-            }),
+            run_mode: auto.run_mode.map(|m| m.as_str().to_owned()),
             automation_policy: auto
                 .policy
                 .map(|p| serde_json::to_value(p).unwrap_or_default()),

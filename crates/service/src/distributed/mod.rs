@@ -569,10 +569,7 @@ impl Mode for Distributed {
         run_mode: Option<RunMode>,
         policy: Option<Option<AutomationPolicy>>,
     ) -> Result<(), ServiceError> {
-        let mode = run_mode.map(|m| match m {
-            RunMode::Auto => "auto",
-            RunMode::Single => "single",
-        });
+        let mode = run_mode.map(RunMode::as_str);
         let policy = policy.map(|p| p.map(|p| serde_json::to_value(p).unwrap_or_default()));
         retry(WRITE_RETRY, || {
             self.db
