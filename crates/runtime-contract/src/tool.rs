@@ -5,6 +5,8 @@
 //! stops promptly; a tool that ignores it is dropped at its next await when
 //! its run is cancelled.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::CancellationToken;
@@ -17,8 +19,9 @@ pub struct ToolDescriptor {
     pub name: String,
     /// What it does, for the model.
     pub description: String,
-    /// A JSON schema of its arguments (default: an object with no declared properties).
-    pub parameters: serde_json::Value,
+    /// A JSON schema of its arguments (default: an object with no declared
+    /// properties). Shared: cloning a descriptor does not copy it.
+    pub parameters: ToolSchema,
 }
 
 impl ToolDescriptor {
@@ -27,14 +30,100 @@ impl ToolDescriptor {
         Self {
             name: name.into(),
             description: description.into(),
-            parameters: serde_json::json!({"type": "object", "properties": {}}),
+            parameters: ToolSchema::new(serde_json::json!({"type": "object", "properties": {}})),
         }
     }
 
     /// Sets the JSON schema of the arguments.
     pub fn with_parameters(mut self, schema: serde_json::Value) -> Self {
-        self.parameters = schema;
+        self.parameters = ToolSchema::new(schema);
         self
+    }
+}
+
+/// A tool's JSON schema, shared by every copy of its [`ToolDescriptor`].
+///
+/// Every run's request carries the agent's descriptors, so a schema copied
+/// per run would cost each live run its whole JSON tree (~1.8 KB for a
+/// one-parameter tool); clones of a `ToolSchema` share one. It reads as the
+/// [`serde_json::Value`] it holds (`Deref`), compares equal to one, and
+/// serializes as it.
+///
+/// ```
+/// use rein_runtime_contract::tool::ToolDescriptor;
+/// use serde_json::json;
+///
+/// let d = ToolDescriptor::new("add", "adds").with_parameters(json!({"required": ["a"]}));
+/// assert_eq!(d.parameters["required"][0], "a");
+/// assert_eq!(d.parameters, json!({"required": ["a"]}));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ToolSchema(Arc<serde_json::Value>);
+
+impl ToolSchema {
+    /// A schema holding `schema`.
+    pub fn new(schema: serde_json::Value) -> Self {
+        Self(Arc::new(schema))
+    }
+
+    /// The schema as JSON.
+    pub fn value(&self) -> &serde_json::Value {
+        &self.0
+    }
+
+    /// The schema as owned JSON (a copy unless this is its only holder).
+    pub fn into_value(self) -> serde_json::Value {
+        Arc::unwrap_or_clone(self.0)
+    }
+}
+
+impl std::ops::Deref for ToolSchema {
+    type Target = serde_json::Value;
+
+    fn deref(&self) -> &serde_json::Value {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ToolSchema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<serde_json::Value> for ToolSchema {
+    fn from(schema: serde_json::Value) -> Self {
+        Self::new(schema)
+    }
+}
+
+impl PartialEq for ToolSchema {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl PartialEq<serde_json::Value> for ToolSchema {
+    fn eq(&self, other: &serde_json::Value) -> bool {
+        *self.0 == *other
+    }
+}
+
+impl PartialEq<ToolSchema> for serde_json::Value {
+    fn eq(&self, other: &ToolSchema) -> bool {
+        *self == *other.0
+    }
+}
+
+impl Serialize for ToolSchema {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolSchema {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        serde_json::Value::deserialize(deserializer).map(Self::new)
     }
 }
 

@@ -2,8 +2,11 @@
 //!
 //! A run loads its thread's history when it starts, appends its input at
 //! once, appends each finished round, and appends the repaired tail when it
-//! ends. Only the run holding a thread's slot writes to that thread, so a
-//! store needs no cross-run coordination.
+//! ends. A store that says it does not want each round
+//! ([`ThreadStore::stores_each_round`], the in-memory store) gets a run's
+//! messages once, moved in when the run ends (or parks). Only the run
+//! holding a thread's slot writes to that thread, so a store needs no
+//! cross-run coordination.
 
 use std::sync::Arc;
 
@@ -51,6 +54,32 @@ pub trait ThreadStore: Send + Sync {
     ///
     /// A [`ThreadStoreError`] when nothing could be written.
     async fn append(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError>;
+
+    /// Appends `messages`, taking them: a store that keeps histories in
+    /// memory keeps these instead of copying them. The default appends a
+    /// borrow of them with [`append`](Self::append).
+    ///
+    /// # Errors
+    ///
+    /// A [`ThreadStoreError`] when nothing could be written.
+    async fn append_owned(
+        &self,
+        thread_id: &str,
+        messages: Vec<Message>,
+    ) -> Result<(), ThreadStoreError> {
+        self.append(thread_id, &messages).await
+    }
+
+    /// Whether a run stores each finished round as it ends (the default).
+    /// `false`: a run stores its input and rounds once, when it ends or
+    /// parks, with [`append_owned`](Self::append_owned), so a live run and
+    /// the store do not both hold its messages; a thread read while a run
+    /// is under way then shows the history as it was when the run started.
+    /// A store that outlives the process should keep the default: what it
+    /// holds is what survives a crash.
+    fn stores_each_round(&self) -> bool {
+        true
+    }
 
     /// Replaces the thread's whole history (used when a history loaded from
     /// the store needs repair).
@@ -102,6 +131,11 @@ pub trait ThreadStore: Send + Sync {
 }
 
 /// A [`ThreadStore`] in process memory; histories are lost when it is dropped.
+///
+/// A run's messages join its thread when the run ends (or parks), moved in
+/// rather than copied ([`ThreadStore::stores_each_round`] is `false`): a
+/// live run's history is held once, by the run. Until then, reading the
+/// thread shows it as it was when the run started.
 #[derive(Debug, Default, Clone)]
 pub struct InMemoryThreadStore {
     threads: Arc<DashMap<String, Vec<Message>>>,
@@ -143,6 +177,33 @@ impl ThreadStore for InMemoryThreadStore {
             .or_default()
             .extend_from_slice(messages);
         Ok(())
+    }
+
+    async fn append_owned(
+        &self,
+        thread_id: &str,
+        mut messages: Vec<Message>,
+    ) -> Result<(), ThreadStoreError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        if let Some(mut history) = self.threads.get_mut(thread_id) {
+            if history.is_empty() {
+                messages.shrink_to_fit();
+                *history = messages;
+            } else {
+                history.append(&mut messages);
+            }
+            return Ok(());
+        }
+        // A new thread keeps the run's own vector (its spare room given back).
+        messages.shrink_to_fit();
+        self.threads.insert(thread_id.to_owned(), messages);
+        Ok(())
+    }
+
+    fn stores_each_round(&self) -> bool {
+        false
     }
 
     async fn replace(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError> {
@@ -198,6 +259,29 @@ mod tests {
             .keys()
             .collect();
         assert_eq!(keys, ["z", "a", "m"]);
+    }
+
+    #[tokio::test]
+    async fn messages_handed_over_join_the_history_after_what_it_held() {
+        let store = InMemoryThreadStore::new();
+        let messages = every_kind_of_message();
+        store
+            .append_owned("t", messages[..2].to_vec())
+            .await
+            .unwrap();
+        store
+            .append_owned("t", messages[2..].to_vec())
+            .await
+            .unwrap();
+        store.append_owned("t", Vec::new()).await.unwrap();
+        assert_eq!(store.load("t").await.unwrap(), messages);
+        store.delete("t").await.unwrap();
+        store.append("t", &messages[..1]).await.unwrap();
+        store
+            .append_owned("t", messages[1..].to_vec())
+            .await
+            .unwrap();
+        assert_eq!(store.load("t").await.unwrap(), messages);
     }
 
     #[tokio::test]

@@ -87,7 +87,7 @@ pub(super) fn to_chat_request(request: &InferenceRequest, cache_hints: bool) -> 
         chat_request = chat_request.with_tools(request.tools.iter().map(|tool| {
             Tool::new(ToolName::Custom(tool.name.clone()))
                 .with_description(tool.description.clone())
-                .with_schema(tool.parameters.clone())
+                .with_schema(tool.parameters.value().clone())
         }));
     }
     chat_request
@@ -277,7 +277,10 @@ pub(super) mod tests {
         assert_eq!(tools.len(), 1);
         assert_eq!(tools[0].name.as_str(), "search");
         assert_eq!(tools[0].description.as_deref(), Some("Searches the web"));
-        assert_eq!(tools[0].schema.as_ref(), Some(&search_tool().parameters));
+        assert_eq!(
+            tools[0].schema.as_ref(),
+            Some(search_tool().parameters.value())
+        );
     }
 
     #[test]

@@ -442,7 +442,7 @@ impl Run {
         if let Some(reason) = self.termination() {
             return Some(reason);
         }
-        if let Err(reason) = self.persist().await {
+        if let Err(reason) = self.persist_round().await {
             return Some(reason);
         }
         if calls.is_empty() {

@@ -233,6 +233,7 @@ fn prepare(setup: RunSetup) -> (Run, Option<Box<crate::approvals::ParkedRun>>, V
         trace_content,
         request,
         persisted: 0,
+        committed: 0,
         incomplete: Vec::new(),
         token_budget: run_budget,
         pool,
@@ -301,6 +302,10 @@ struct Run {
     request: InferenceRequest,
     /// How much of the history the store already has.
     persisted: usize,
+    /// How much of the history is finished rounds (all their calls
+    /// answered): `persisted`, or beyond it for a store that takes a run's
+    /// messages when it ends (`ThreadStore::stores_each_round`).
+    committed: usize,
     /// Tool calls that did not complete normally, in the order recorded.
     incomplete: Vec<IncompleteToolCall>,
     /// The run's token budget (the agent's and the request's smaller).
@@ -440,6 +445,7 @@ impl Run {
                 .map_err(store_failed)?;
         }
         self.persisted = history.len();
+        self.committed = history.len();
         if let Some(checks) = &mut self.checks {
             checks.task_from = history.len();
         }
@@ -452,7 +458,7 @@ impl Run {
             ToolCallStatus::NotStarted,
         );
         self.request.messages = Arc::new(history);
-        self.persist().await
+        self.persist_round().await
     }
 
     /// Appends the part of the history the store does not have yet.
@@ -465,7 +471,39 @@ impl Run {
                 .map_err(store_failed)?;
             self.persisted = self.request.messages.len();
         }
+        self.committed = self.persisted;
         Ok(())
+    }
+
+    /// Marks the history so far as finished rounds, storing it if the store
+    /// takes each round as it ends ([`persist`](Self::persist)); otherwise
+    /// it waits for [`hand_over`](Self::hand_over).
+    async fn persist_round(&mut self) -> Result<(), TerminationReason> {
+        if self.store.stores_each_round() {
+            return self.persist().await;
+        }
+        self.committed = self.request.messages.len();
+        Ok(())
+    }
+
+    /// At the run's end: gives the store what it does not have yet, moved
+    /// out of the history when the run holds it alone (a copy otherwise).
+    /// The history is left empty.
+    async fn hand_over(&mut self) -> Result<(), TerminationReason> {
+        let from = self.persisted;
+        if from >= self.request.messages.len() {
+            return Ok(());
+        }
+        let mut history = Arc::unwrap_or_clone(std::mem::take(&mut self.request.messages));
+        let new = if from == 0 {
+            history
+        } else {
+            history.split_off(from)
+        };
+        self.store
+            .append_owned(&self.id.thread_id, new)
+            .await
+            .map_err(store_failed)
     }
 
     async fn hooks(&mut self, phase: Phase, focus: Focus<'_>) -> Result<(), TerminationReason> {
@@ -673,7 +711,7 @@ impl Run {
         // repaired too.
         let from = self
             .parked_round
-            .map_or(self.persisted, |at| at.min(self.persisted));
+            .map_or(self.committed, |at| at.min(self.committed));
         for (id, name) in history::repair_calls(self.history_mut(), from, &note, Some(status)) {
             self.incomplete
                 .push(IncompleteToolCall::new(id, name, status));
@@ -681,11 +719,11 @@ impl Run {
         if let Err(failure) = self.hooks(Phase::RunEnd, Focus::default()).await {
             reason = failure;
         }
-        if let Err(failure) = self.persist().await {
-            reason = failure;
-        }
         if let Some(context) = self.context.take() {
             context.save(&self.request.messages);
+        }
+        if let Err(failure) = self.hand_over().await {
+            reason = failure;
         }
         let cancel_cause = match (&reason, self.control.cause()) {
             (TerminationReason::Cancelled, cause) => {

@@ -94,6 +94,7 @@ impl Run {
             .await
             .map_err(super::store_failed)?;
         self.persisted = history.len();
+        self.committed = history.len();
         // The run's input is somewhere before: its task is taken to be
         // the thread's last user message.
         if let Some(checks) = &mut self.checks {

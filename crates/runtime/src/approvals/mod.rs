@@ -35,7 +35,7 @@ use rein_runtime_contract::approval::{
 };
 use rein_runtime_contract::message::ToolCall;
 use rein_runtime_contract::spec::AgentSpec;
-use rein_runtime_contract::tool::ToolDescriptor;
+use rein_runtime_contract::tool::{ToolDescriptor, ToolSchema};
 use tokio::sync::Notify;
 
 pub use ask_user::{ASK_USER, AskUserPlugin};
@@ -125,7 +125,7 @@ pub(crate) struct Held {
     /// Whether the decision is its rule's timeout (`on_timeout: reject`).
     pub(crate) timed_out: bool,
     /// The tool's parameters, to check edited arguments against.
-    pub(crate) parameters: serde_json::Value,
+    pub(crate) parameters: ToolSchema,
 }
 
 impl Held {
@@ -138,7 +138,7 @@ impl Held {
             decision: None,
             decider: None,
             timed_out: false,
-            parameters: serde_json::Value::Null,
+            parameters: ToolSchema::default(),
         }
     }
 
@@ -148,7 +148,7 @@ impl Held {
         pending: PendingApproval,
         gate: &Gate,
         call: &ToolCall,
-        parameters: serde_json::Value,
+        parameters: ToolSchema,
     ) -> Self {
         let deadline = match (gate.check(call), pending.expires_at.as_deref()) {
             (Gated::Ask(rule), Some(at)) => rule.rule.timeout_seconds.and_then(|secs| {
@@ -179,7 +179,7 @@ impl Held {
         ids: (&str, &str),
         call: &ToolCall,
         gated: &Gated<'_>,
-        parameters: serde_json::Value,
+        parameters: ToolSchema,
     ) -> Self {
         let mut pending =
             PendingApproval::new(ids.0, ids.1, &call.id, &call.name, call.arguments.clone());
@@ -295,7 +295,7 @@ impl ParkedRun {
         call_id: &str,
         decision: Decision,
         decider: Decider,
-        parameters: impl Fn(&str) -> serde_json::Value,
+        parameters: impl Fn(&str) -> ToolSchema,
     ) -> Result<Decided, ApprovalError> {
         let check = Parked::default();
         check.hold(
