@@ -187,7 +187,13 @@ impl ToolOutput {
             // Written straight into a buffer: `Display` goes through a
             // formatter adapter, several times slower on small values. A
             // `Value` always serializes (its keys are strings).
-            other => serde_json::to_string(other).unwrap_or_else(|_| other.to_string()),
+            // The text joins the history, so it gives back the buffer's
+            // spare room (serde_json starts it at 128 bytes).
+            other => {
+                let mut text = serde_json::to_string(other).unwrap_or_else(|_| other.to_string());
+                text.shrink_to_fit();
+                text
+            }
         }
     }
 }

@@ -12,7 +12,8 @@
 use std::collections::HashMap;
 
 use rein_runtime_contract::lifecycle::ToolCallStatus;
-use rein_runtime_contract::message::{Message, Role};
+use rein_runtime_contract::message::{Message, Role, ToolCall};
+use serde_json::{Map, Value};
 
 /// Appends a result for every tool call in `messages[from..]` that has none,
 /// right after the results already present, so the history stays valid.
@@ -85,6 +86,36 @@ pub(crate) fn repair_calls(
         .into_iter()
         .map(|(_, id, name)| (id, name))
         .collect()
+}
+
+/// Copies of `calls` for the history, their arguments [`compact`]: a
+/// history keeps its calls for as long as its thread lives.
+pub(crate) fn compact_calls(calls: &[ToolCall]) -> Vec<ToolCall> {
+    calls
+        .iter()
+        .map(|c| ToolCall {
+            id: c.id.clone(),
+            name: c.name.clone(),
+            arguments: compact(&c.arguments),
+        })
+        .collect()
+}
+
+/// A copy of `value` whose objects and arrays hold no spare room. A parsed
+/// (or `Clone`d) object keeps room for more keys: a one-key object of tool
+/// arguments holds ~190 bytes of it, on every call the history keeps.
+pub(crate) fn compact(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut out = Map::with_capacity(map.len());
+            for (k, v) in map {
+                out.insert(k.clone(), compact(v));
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => Value::Array(items.iter().map(compact).collect()),
+        other => other.clone(),
+    }
 }
 
 /// Why a run's input would make the history invalid: a tool result that
@@ -245,10 +276,21 @@ pub(crate) fn transcript(messages: &[Message], max_chars: Option<usize>) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rein_runtime_contract::message::ToolCall;
 
     fn call(id: &str) -> ToolCall {
         ToolCall::new(id, "t", serde_json::json!({}))
+    }
+
+    #[test]
+    fn compacted_arguments_are_equal_and_keep_their_key_order() {
+        let arguments =
+            serde_json::json!({"z": [1, {"y": null, "b": "ü"}], "a": {"k": -3.5}, "m": true});
+        let calls = vec![ToolCall::new("c1", "write", arguments.clone())];
+        let compacted = compact_calls(&calls);
+        assert_eq!(compacted, calls);
+        let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(&compacted[0].arguments), ["z", "a", "m"]);
+        assert_eq!(keys(&compacted[0].arguments["z"][1]), ["y", "b"]);
     }
 
     #[test]

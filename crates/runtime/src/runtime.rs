@@ -601,17 +601,40 @@ impl AgentRuntime {
     /// Dropping the future cancels the run (cause `Requested`); the run's
     /// cleanup — history repair, `RunFinished`, releasing the thread —
     /// completes in the background.
-    pub async fn run(
+    pub fn run(
         &self,
         request: RunRequest,
         sink: Arc<dyn EventSink>,
-    ) -> Result<AgentRunResult, RuntimeError> {
-        // Not delegated to `Inner::run`: an async fn keeps its arguments for
-        // its whole life, so nesting would hold the request twice in every
-        // waiting run (W2).
-        self.inner.check_conversation(&request).await?;
-        let handle = self.inner.start_run(request, Some(sink), None)?;
-        await_run(handle).await
+    ) -> impl Future<Output = Result<AgentRunResult, RuntimeError>> + Send + '_ {
+        // Not an `async fn`: one keeps its arguments for its whole life, so
+        // every waiting run would hold the 224-byte request (twice, as an
+        // argument and as a local). Boxed and taken back at the start, the
+        // request lives only until the run starts (W2's memory per run).
+        let args = Box::new((request, sink));
+        async move {
+            // No await while the request is in scope: input to check against
+            // the store (no messages) is checked in a boxed future of its own.
+            let started = {
+                let (request, sink) = {
+                    let args = args;
+                    *args
+                };
+                if request.messages.is_empty() {
+                    let inner = &self.inner;
+                    Err(Box::pin(async move {
+                        inner.check_conversation(&request).await?;
+                        inner.start_run(request, Some(sink), None)
+                    }))
+                } else {
+                    Ok(self.inner.start_run(request, Some(sink), None))
+                }
+            };
+            let handle = match started {
+                Ok(started) => started?,
+                Err(checked) => checked.await?,
+            };
+            await_run(handle).await
+        }
     }
 
     /// Starts `request` and returns its events as a stream that ends with
@@ -650,12 +673,13 @@ impl AgentRuntime {
     /// # Cancel safety
     ///
     /// As for [`run`](Self::run).
-    pub async fn run_to_completion(
+    pub fn run_to_completion(
         &self,
         request: RunRequest,
-    ) -> Result<AgentRunResult, RuntimeError> {
+    ) -> impl Future<Output = Result<AgentRunResult, RuntimeError>> + Send + '_ {
+        // `run`'s future itself, not one wrapping it (see `run`).
         let sink = self.inner.config.default_sink.clone();
-        self.run(request, sink).await
+        self.run(request, sink)
     }
 
     /// The thread's stored history (empty for an unknown thread, or when the

@@ -20,6 +20,7 @@ use rein_runtime_contract::phase::Phase;
 use super::judge::{Act, Judge};
 use super::{Focus, Run, emit_guarded, interrupted};
 use crate::detectors::Verdict;
+use crate::history;
 use crate::phase::{Directives, RunIdentity, panic_message};
 use crate::policies::StopStatsKey;
 use crate::telemetry;
@@ -152,7 +153,13 @@ impl Run {
                 window_tokens,
             });
         }
-        match self.admit().await {
+        // Boxed, and only on a limited provider: the admission's state is
+        // large, and every waiting run's future would hold room for it.
+        let admitted = match self.gate() {
+            Some(_) => Box::pin(self.admit()).await,
+            None => Ok(()),
+        };
+        match admitted {
             Ok(()) => {}
             Err(None) => return Inference::Interrupted(InferenceResponse::default()),
             Err(Some(error)) => return Inference::Failed(error),
@@ -410,8 +417,10 @@ impl Run {
             }
             Vec::new()
         } else {
-            self.history_mut()
-                .push(Message::assistant_with_tools(text, tool_calls.clone()));
+            self.history_mut().push(Message::assistant_with_tools(
+                text,
+                history::compact_calls(&tool_calls),
+            ));
             tool_calls
         };
         if let Err(reason) = hooks {

@@ -109,7 +109,7 @@ pub(crate) struct RunSetup {
 /// [`prepare`]: nothing of the setup or of the building stays in the
 /// suspended future of a waiting run, only the `Run` itself.
 pub(crate) async fn execute(setup: Box<RunSetup>) -> AgentRunResult {
-    let (mut run, resume, input) = prepare(*setup);
+    let (mut run, resume, input) = prepare(setup);
     // `start` and `finish` are boxed: each runs once, and keeping their
     // state out of this future makes every waiting run ~1 KB smaller.
     let reason = match resume {
@@ -143,7 +143,10 @@ pub(crate) async fn execute(setup: Box<RunSetup>) -> AgentRunResult {
 
 /// Builds a run from its setup and announces it (`RunStarted`, unless it
 /// is carried on from a park); returns it with what it starts from.
-fn prepare(setup: RunSetup) -> (Run, Option<Box<crate::approvals::ParkedRun>>, Vec<Message>) {
+///
+/// Takes the setup boxed and frees the box here: the run's future must not
+/// keep it for the run's whole life.
+fn prepare(setup: Box<RunSetup>) -> (Run, Option<Box<crate::approvals::ParkedRun>>, Vec<Message>) {
     let RunSetup {
         agent,
         control,
@@ -159,7 +162,7 @@ fn prepare(setup: RunSetup) -> (Run, Option<Box<crate::approvals::ParkedRun>>, V
         trace_content,
         resume,
         release_when_parked,
-    } = setup;
+    } = *setup;
     let mut request = InferenceRequest::new(agent.model.upstream_model.clone(), Vec::new());
     if !agent.spec.system_prompt.is_empty() {
         request.system = Some(agent.spec.system_prompt.clone());
