@@ -146,6 +146,10 @@ pub(crate) async fn execute(setup: Box<RunSetup>) -> AgentRunResult {
 ///
 /// Takes the setup boxed and frees the box here: the run's future must not
 /// keep it for the run's whole life.
+#[expect(
+    clippy::boxed_local,
+    reason = "taking the box frees it here, not at the end of the run's future"
+)]
 fn prepare(setup: Box<RunSetup>) -> (Run, Option<Box<crate::approvals::ParkedRun>>, Vec<Message>) {
     let RunSetup {
         agent,
