@@ -501,11 +501,11 @@ impl Run {
         if from >= self.request.messages.len() {
             return Ok(());
         }
-        let mut history = Arc::unwrap_or_clone(std::mem::take(&mut self.request.messages));
-        let new = if from == 0 {
-            history
-        } else {
-            history.split_off(from)
+        let new = match Arc::try_unwrap(std::mem::take(&mut self.request.messages)) {
+            Ok(history) if from == 0 => history,
+            Ok(mut history) => history.split_off(from),
+            // Someone else holds the history still: copy only what is new.
+            Err(shared) => shared[from..].to_vec(),
         };
         self.store
             .append_owned(&self.id.thread_id, new)
