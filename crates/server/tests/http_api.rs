@@ -125,6 +125,56 @@ async fn a_runs_events_stream_from_the_start_or_after_last_event_id_and_end_afte
     server.stop().await;
 }
 
+/// Reads a run's SSE stream only until its `run_finished` arrives (as a
+/// browser reacting to the event does), without waiting for the close.
+async fn until_run_finished(server: &common::Server, run_id: &str) {
+    use futures::StreamExt;
+    let response = server
+        .client
+        .get(server.at(&format!("/v1/runs/{run_id}/events")))
+        .send()
+        .await
+        .unwrap();
+    let mut body = response.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("event: run_finished") {
+        let chunk = body
+            .next()
+            .await
+            .expect("the stream ended before run_finished");
+        seen.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_has_seen_run_finished_reads_the_run_as_finished() {
+    let server = Server::start(YAML).await;
+    for i in 0..150 {
+        let thread = format!("t{i}");
+        let (_, accepted) = if i % 3 == 0 {
+            // Cancelled mid-stream, as the console's Cancel button does.
+            let (status, accepted) = server.say(&thread, "go", agent("slow")).await;
+            let run_id = accepted["run_id"].as_str().unwrap();
+            let (code, _) = server
+                .post(&format!("/v1/runs/{run_id}/cancel"), json!({}))
+                .await;
+            assert_eq!(code, 200, "cancel {run_id}");
+            (status, accepted)
+        } else {
+            server.say(&thread, "hello", agent("fast")).await
+        };
+        let run_id = accepted["run_id"].as_str().unwrap();
+        until_run_finished(&server, run_id).await;
+        let (_, record) = server.get(&format!("/v1/runs/{run_id}")).await;
+        assert_eq!(
+            record["status"], "finished",
+            "iteration {i}: run_finished was sent before the record said so: {record}"
+        );
+        assert!(record["termination"].is_object(), "{record}");
+    }
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_threads_live_tail_carries_every_runs_events_with_ids_unique_on_the_thread() {
     let server = Server::start(YAML).await;

@@ -56,6 +56,11 @@ pub(crate) fn run_stream(
 }
 
 /// The run's logged events after `after`, ending after `run_finished`.
+///
+/// `run_finished` is held back until the run's record is finished (the
+/// runtime logs it a moment before the service records the result): a
+/// client that reads `GET /v1/runs/{id}` on seeing it never finds the run
+/// still running.
 pub(crate) fn run_log(entry: Arc<RunEntry>, after: u64) -> impl Stream<Item = Arc<LoggedEvent>> {
     struct Reader {
         changes: tokio::sync::watch::Receiver<u64>,
@@ -80,7 +85,12 @@ pub(crate) fn run_log(entry: Arc<RunEntry>, after: u64) -> impl Stream<Item = Ar
             if r.complete {
                 return None;
             }
-            let (events, complete) = r.entry.events_after(r.after);
+            let (mut events, complete) = r.entry.events_after(r.after);
+            // `run_finished` waits for the record to say finished, so a
+            // client that reads the run on seeing it finds it finished.
+            if !complete && events.last().is_some_and(|e| e.kind == "run_finished") {
+                events.pop();
+            }
             if let Some(last) = events.last() {
                 r.after = last.seq;
             }
