@@ -307,7 +307,8 @@ impl Judge {
         if result.is_error && self.watch_progress {
             self.error(at(), act);
         }
-        self.records.push(CallRecord::new(call, result));
+        let record = self.detectors.record(call, result);
+        self.records.push(record);
     }
 
     /// The round's tool results are all in: the tool-call loop detectors,

@@ -983,9 +983,15 @@ fn impersonal(text: &str) -> bool {
 /// else (", or should I …?", "还是") is not an offer.
 fn optional_offer(sentence: &str, context: &str) -> bool {
     let s = bare(sentence);
-    let asks_what = WH_STARTS.iter().any(|w| {
-        s.starts_with(w) || s.contains(&format!(", {w}")) || s.contains(&format!(": {w}"))
-    }) || s.contains('哪');
+    // "which …", or ", which …" / ": which …" inside the sentence.
+    let after_separator = |w: &str| {
+        s.match_indices(w)
+            .any(|(at, _)| s[..at].ends_with(", ") || s[..at].ends_with(": "))
+    };
+    let asks_what = WH_STARTS
+        .iter()
+        .any(|w| s.starts_with(w) || after_separator(w))
+        || s.contains('哪');
     let alternative = has_any(s, ALTERNATIVES);
     has_any(s, OFFER_FORMS)
         && !asks_what

@@ -285,13 +285,17 @@ impl CallRecord {
 
     /// The record of `call` answered by `result`.
     pub(crate) fn new(call: &ToolCall, result: &ToolResult) -> Self {
+        Self::named(call, result, Arc::from(call.name.as_str()))
+    }
+
+    fn named(call: &ToolCall, result: &ToolResult, name: Arc<str>) -> Self {
         let plain = tool_calls::call_key(call);
         let outcome = tool_calls::outcome_key(&result.content);
         Self {
             key: tool_calls::with_result(plain, outcome),
             plain,
             outcome,
-            name: Arc::from(call.name.as_str()),
+            name,
             failure: result
                 .is_error
                 .then(|| (plain, snippet(&result.content, 200))),
@@ -319,6 +323,9 @@ pub(crate) struct Detectors {
     progress: Vec<Progress>,
     /// `awaiting_user`.
     awaiting: Vec<AwaitingUserDetector>,
+    /// The tool names records were made for, shared by every record of
+    /// the run (a run calls a handful of tools, many times).
+    names: Vec<Arc<str>>,
 }
 
 /// A detector of errors over time or of progress over rounds.
@@ -429,6 +436,23 @@ impl Detectors {
             }
         }
         d
+    }
+
+    /// The record of `call` answered by `result`, its name shared with
+    /// the run's earlier records of the same tool.
+    pub(crate) fn record(&mut self, call: &ToolCall, result: &ToolResult) -> CallRecord {
+        let name = match self.names.iter().find(|n| ***n == *call.name) {
+            Some(name) => name.clone(),
+            None => {
+                let name: Arc<str> = Arc::from(call.name.as_str());
+                // Bounded: a run calling ever new names shares none past it.
+                if self.names.len() < 64 {
+                    self.names.push(name.clone());
+                }
+                name
+            }
+        };
+        CallRecord::named(call, result, name)
     }
 
     /// Whether a detector refuses some calls now (a `deny` step was taken).

@@ -16,8 +16,7 @@
 //! cycle of 2 repeated three times.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::hash::{DefaultHasher, Hash, Hasher};
-use std::io::Write;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use rein_runtime_contract::escalation::{Ladder, ToolLoopRule};
@@ -26,93 +25,82 @@ use rein_runtime_contract::message::{ToolCall, ToolResult};
 
 use super::{CallRecord, Denied, Escalation, Verdict};
 
-/// Writes `value` as JSON with object keys sorted, whatever the map type.
-/// Keys and scalars are written straight into `out` (no string per key);
-/// an object whose keys are already in order is not copied to sort it.
-pub(crate) fn canonical_json<W: Write>(value: &serde_json::Value, out: &mut W) {
+/// The hasher of every key: deterministic, fast on short inputs, and of
+/// good quality (its output is used as is, e.g. in `no_progress`'s set).
+fn hasher() -> foldhash::quality::FoldHasher<'static> {
+    foldhash::quality::FixedState::default().build_hasher()
+}
+
+/// Feeds `value` into `h` as its canonical form: object keys in sorted
+/// order (so key order does not matter), each value tagged with its kind
+/// and strings with their length, so two values feed the same bytes only
+/// when they are equal as JSON with numbers kept as written (`1` and `1.0`
+/// differ). Nothing is serialized or copied; an object whose keys are
+/// already in order is not sorted.
+pub(crate) fn hash_canonical<H: Hasher>(value: &serde_json::Value, h: &mut H) {
     use serde_json::Value;
     match value {
-        Value::Object(map) => {
-            let _ = out.write_all(b"{");
-            if map.keys().is_sorted() {
-                write_entries(map.iter(), out);
+        Value::Null => h.write_u8(0),
+        Value::Bool(b) => h.write_u8(1 + u8::from(*b)),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                h.write_u8(3);
+                h.write_u64(u);
+            } else if let Some(i) = n.as_i64() {
+                h.write_u8(4);
+                h.write_i64(i);
             } else {
-                let mut entries: Vec<_> = map.iter().collect();
-                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-                write_entries(entries.into_iter(), out);
+                h.write_u8(5);
+                h.write_u64(n.as_f64().unwrap_or(f64::NAN).to_bits());
             }
-            let _ = out.write_all(b"}");
+        }
+        Value::String(text) => {
+            h.write_u8(6);
+            text.hash(h);
         }
         Value::Array(items) => {
-            let _ = out.write_all(b"[");
-            for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    let _ = out.write_all(b",");
-                }
-                canonical_json(v, out);
+            h.write_u8(7);
+            h.write_usize(items.len());
+            for item in items {
+                hash_canonical(item, h);
             }
-            let _ = out.write_all(b"]");
         }
-        other => write_scalar(other, out),
-    }
-}
-
-fn write_entries<'a, W: Write>(
-    entries: impl Iterator<Item = (&'a String, &'a serde_json::Value)>,
-    out: &mut W,
-) {
-    for (i, (k, v)) in entries.enumerate() {
-        if i > 0 {
-            let _ = out.write_all(b",");
+        Value::Object(map) => {
+            h.write_u8(8);
+            h.write_usize(map.len());
+            let mut entry = |k: &String, v: &Value| {
+                k.hash(h);
+                hash_canonical(v, h);
+            };
+            if map.keys().is_sorted() {
+                map.iter().for_each(|(k, v)| entry(k, v));
+            } else {
+                let mut entries: smallvec::SmallVec<[(&String, &Value); 8]> = map.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                entries.into_iter().for_each(|(k, v)| entry(k, v));
+            }
         }
-        write_scalar(k, out);
-        let _ = out.write_all(b":");
-        canonical_json(v, out);
-    }
-}
-
-/// Serializes a string or scalar into `out`. The writers used here (a
-/// `Vec`, a hasher) cannot fail, and neither can serializing a string or a
-/// JSON scalar.
-fn write_scalar<T: serde::Serialize + ?Sized, W: Write>(value: &T, out: &mut W) {
-    let _ = serde_json::to_writer(out, value);
-}
-
-/// Feeds written bytes straight into a hasher: the canonical JSON of the
-/// arguments is hashed, never stored.
-struct HashWriter<'a>(&'a mut DefaultHasher);
-
-impl Write for HashWriter<'_> {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.write(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 
 /// The key of a call: its name and canonical arguments.
 pub(crate) fn call_key(call: &ToolCall) -> u64 {
-    let mut h = DefaultHasher::new();
+    let mut h = hasher();
     call.name.hash(&mut h);
-    canonical_json(&call.arguments, &mut HashWriter(&mut h));
-    // 0xFF never occurs in UTF-8 JSON: it ends the arguments unambiguously.
-    h.write_u8(0xFF);
+    hash_canonical(&call.arguments, &mut h);
     h.finish()
 }
 
 /// The key of a result text.
 pub(crate) fn outcome_key(result: &str) -> u64 {
-    let mut h = DefaultHasher::new();
+    let mut h = hasher();
     result.hash(&mut h);
     h.finish()
 }
 
 /// The key of a call (`plain`, from [`call_key`]) with its result's key.
 pub(crate) fn with_result(plain: u64, outcome: u64) -> u64 {
-    let mut h = DefaultHasher::new();
+    let mut h = hasher();
     h.write_u64(plain);
     h.write_u64(outcome);
     h.finish()
@@ -344,8 +332,11 @@ impl ToolCallLoopDetector {
         let n = self.history.len();
         let same = |i: usize, j: usize| self.history[i].key == self.history[j].key;
         (self.min_cycle..=self.max_cycle).find(|&c| {
+            // A cycle repeated at least twice at the tail has its last
+            // call `c` back too: one comparison rules out most lengths.
+            n > c && same(n - 1 - c, n - 1)
             // Checked: an overflowing span is longer than any history.
-            c.checked_mul(self.threshold_of(c)).is_some_and(|span| {
+            && c.checked_mul(self.threshold_of(c)).is_some_and(|span| {
                 span <= n
                     && (n - span..n - c).all(|i| same(i, i + c))
                     // With `min_cycle` 1 a shorter period would have been
@@ -592,16 +583,46 @@ mod tests {
         assert!(ToolCallLoopDetector::exact_cycle(16, usize::MAX, OnDetect::Stop).is_some());
     }
 
+    fn key(args: serde_json::Value) -> u64 {
+        call_key(&call("t", args))
+    }
+
     #[test]
-    fn canonical_json_sorts_keys_at_every_level() {
-        let mut out = Vec::new();
-        canonical_json(
-            &json!({"b": [ {"d": 1, "c": 2} ], "a": "x\"y", "e": [null, true, 1.5]}),
-            &mut out,
-        );
+    fn arguments_differing_only_in_key_order_at_any_level_have_one_key() {
         assert_eq!(
-            String::from_utf8(out).unwrap(),
-            r#"{"a":"x\"y","b":[{"c":2,"d":1}],"e":[null,true,1.5]}"#
+            key(json!({"b": [{"d": 1, "c": 2}], "a": "x\"y", "e": [null, true, 1.5]})),
+            key(json!({"e": [null, true, 1.5], "a": "x\"y", "b": [{"c": 2, "d": 1}]}))
+        );
+    }
+
+    #[test]
+    fn arguments_that_differ_as_json_have_different_keys() {
+        let distinct = [
+            json!({}),
+            json!([]),
+            json!(null),
+            json!({"a": 1}),
+            json!({"a": 1.0}),
+            json!({"a": -1}),
+            json!({"a": "1"}),
+            json!({"a": true}),
+            json!({"a": false}),
+            json!({"a": null}),
+            json!({"a": "b,c"}),
+            json!({"a": "b", "c": null}),
+            json!({"ab": "c"}),
+            json!({"a": "bc"}),
+            json!({"a": [1, 2]}),
+            json!({"a": [[1], 2]}),
+            json!({"a": [1, [2]]}),
+            json!({"a": {"b": 1}}),
+            json!([{"a": 1}]),
+        ];
+        let keys: std::collections::HashSet<u64> = distinct.iter().cloned().map(key).collect();
+        assert_eq!(keys.len(), distinct.len());
+        assert_ne!(
+            call_key(&call("a", json!({}))),
+            call_key(&call("b", json!({})))
         );
     }
 }
