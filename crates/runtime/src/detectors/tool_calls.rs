@@ -330,10 +330,17 @@ impl ToolCallLoopDetector {
     /// repetition of a shorter one.
     fn cycle_at_tail(&self) -> Option<usize> {
         let n = self.history.len();
+        let last = self.history.back()?.key;
+        // A cycle of `c` repeated at least twice at the tail has the last
+        // call `c` back too: a call new to the last `max_cycle` calls
+        // (most calls, in a run that is not looping) ends no cycle.
+        let lengths = (self.max_cycle + 1).saturating_sub(self.min_cycle);
+        let mut earlier = self.history.iter().rev().skip(self.min_cycle).take(lengths);
+        if !earlier.any(|e| e.key == last) {
+            return None;
+        }
         let same = |i: usize, j: usize| self.history[i].key == self.history[j].key;
         (self.min_cycle..=self.max_cycle).find(|&c| {
-            // A cycle repeated at least twice at the tail has its last
-            // call `c` back too: one comparison rules out most lengths.
             n > c && same(n - 1 - c, n - 1)
             // Checked: an overflowing span is longer than any history.
             && c.checked_mul(self.threshold_of(c)).is_some_and(|span| {
