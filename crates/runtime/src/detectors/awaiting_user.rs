@@ -985,8 +985,9 @@ fn optional_offer(sentence: &str, context: &str) -> bool {
     let s = bare(sentence);
     // "which …", or ", which …" / ": which …" inside the sentence.
     let after_separator = |w: &str| {
-        s.match_indices(w)
-            .any(|(at, _)| s[..at].ends_with(", ") || s[..at].ends_with(": "))
+        s.contains(w)
+            && s.match_indices(w)
+                .any(|(at, _)| s[..at].ends_with(", ") || s[..at].ends_with(": "))
     };
     let asks_what = WH_STARTS
         .iter()
