@@ -130,6 +130,9 @@ pub struct ToolCallLoopDetector {
     nudged_next: Option<u64>,
     /// Per-tool thresholds and exemptions.
     rules: Arc<BTreeMap<String, ToolLoopRule>>,
+    /// The rule last looked up, by the tool name's shared `Arc` (a run's
+    /// records share one per tool): most rounds call the tool before.
+    last_rule: Option<(Arc<str>, Option<ToolLoopRule>)>,
     /// The calls refused after a `deny` step.
     denied: Denied,
 }
@@ -195,6 +198,7 @@ impl ToolCallLoopDetector {
             escalation: Escalation::new(on_detect),
             nudged_next: None,
             rules: Arc::default(),
+            last_rule: None,
             denied: Denied::default(),
         })
     }
@@ -216,6 +220,7 @@ impl ToolCallLoopDetector {
             .min(MAX_TOOL_LOOP_THRESHOLD);
         self.keep = most.saturating_mul(self.max_cycle);
         self.rules = rules;
+        self.last_rule = None;
         self
     }
 
@@ -248,6 +253,21 @@ impl ToolCallLoopDetector {
             .unwrap_or(self.threshold)
     }
 
+    /// The rule for the tool `name`, if any.
+    fn rule_of(&mut self, name: &Arc<str>) -> Option<ToolLoopRule> {
+        if self.rules.is_empty() {
+            return None;
+        }
+        if let Some((last, rule)) = &self.last_rule
+            && Arc::ptr_eq(last, name)
+        {
+            return *rule;
+        }
+        let rule = self.rules.get(&**name).copied();
+        self.last_rule = Some((name.clone(), rule));
+        rule
+    }
+
     /// Records one round's calls and checks the tail of the history.
     pub fn observe_round(&mut self, round: &[(&ToolCall, &ToolResult)]) -> Option<Verdict> {
         self.observe_records(&CallRecord::of_round(round))
@@ -278,7 +298,7 @@ impl ToolCallLoopDetector {
         }
         let mut found = None;
         for record in records {
-            let rule = self.rules.get(&*record.name);
+            let rule = self.rule_of(&record.name);
             if rule.is_some_and(|r| r.exempt) {
                 continue;
             }
