@@ -32,8 +32,9 @@ fn hasher() -> foldhash::quality::FoldHasher<'static> {
 }
 
 /// Feeds `value` into `h` as its canonical form: object keys in sorted
-/// order (so key order does not matter), each value tagged with its kind
-/// and strings with their length, so two values feed the same bytes only
+/// order (so key order does not matter), each value tagged with its kind,
+/// arrays and objects with their length and strings ended (as `Hash` for
+/// `str` does), so two values feed the same bytes only
 /// when they are equal as JSON with numbers kept as written (`1` and `1.0`
 /// differ). Nothing is serialized or copied; an object whose keys are
 /// already in order is not sorted.
