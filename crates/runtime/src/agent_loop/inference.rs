@@ -155,14 +155,18 @@ impl Run {
         }
         // Boxed, and only on a limited provider: the admission's state is
         // large, and every waiting run's future would hold room for it.
-        let admitted = match self.gate() {
-            Some(_) => Box::pin(self.admit()).await,
-            None => Ok(()),
-        };
-        match admitted {
-            Ok(()) => {}
-            Err(None) => return Inference::Interrupted(InferenceResponse::default()),
-            Err(Some(error)) => return Inference::Failed(error),
+        // In a block of its own, so the admission's result does not stay
+        // in this future while the model streams.
+        {
+            let admitted = match self.gate() {
+                Some(_) => Box::pin(self.admit()).await,
+                None => Ok(()),
+            };
+            match admitted {
+                Ok(()) => {}
+                Err(None) => return Inference::Interrupted(InferenceResponse::default()),
+                Err(Some(error)) => return Inference::Failed(error),
+            }
         }
         let span = telemetry::chat_span(
             self.model(),

@@ -246,11 +246,9 @@ impl Judge {
                         Some(Verdict::Stop(StoppedReason { code, detail }))
                     }
                 },
-                GuardItem::Stuck(i) if with_stuck => self
-                    .detectors
-                    .stuck
-                    .get_mut(*i)
-                    .and_then(|d| d.check(stats)),
+                GuardItem::Stuck(i) if with_stuck => {
+                    self.detectors.stuck(*i).and_then(|d| d.check(stats))
+                }
                 GuardItem::Stuck(_) => None,
             };
             let Some(verdict) = verdict.filter(|v| admitted(&self.retired, v)) else {

@@ -112,15 +112,27 @@ pub(crate) async fn execute(setup: Box<RunSetup>) -> AgentRunResult {
     let (mut run, resume, input) = prepare(setup);
     // `start` and `finish` are boxed: each runs once, and keeping their
     // state out of this future makes every waiting run ~1 KB smaller.
-    let reason = match resume {
-        Some(parked) => match Box::pin(run.resume_parked(*parked)).await {
-            Ok(()) => run.round_loop().await,
-            Err(reason) => reason,
-        },
-        None => match Box::pin(run.start(input)).await {
-            Ok(()) => run.rounds().await,
-            Err(reason) => reason,
-        },
+    // The start's result is matched in its own statement, so no part of
+    // it stays in this future while the rounds run.
+    let reason = 'ran: {
+        let fresh = match resume {
+            Some(parked) => {
+                drop(input);
+                match Box::pin(run.resume_parked(*parked)).await {
+                    Ok(()) => false,
+                    Err(reason) => break 'ran reason,
+                }
+            }
+            None => match Box::pin(run.start(input)).await {
+                Ok(()) => true,
+                Err(reason) => break 'ran reason,
+            },
+        };
+        if fresh {
+            run.rounds().await
+        } else {
+            run.round_loop().await
+        }
     };
     // Work has stopped; a deadline passing now must not turn the reason
     // into a cancellation.

@@ -311,14 +311,20 @@ fn maybe<T>(detector: T, ladder: Option<Ladder>, with: fn(T, Ladder) -> T) -> T 
     }
 }
 
-/// The detectors of one run, built from the agent's `stop_conditions`.
+/// The detectors of one run, built from the agent's `stop_conditions`:
+/// boxed, and nothing at all for an agent without any (a run waiting in a
+/// round holds 8 bytes for them instead of ~150).
 #[derive(Debug, Default)]
-pub(crate) struct Detectors {
+pub(crate) struct Detectors(Option<Box<Set>>);
+
+/// The detectors of a run that has some.
+#[derive(Debug, Default)]
+struct Set {
     /// In `stop_conditions` order.
     tool_loops: Vec<ToolDetector>,
     chanting: Vec<ChantingDetector>,
     /// Indexed by the position among the spec's `stuck` conditions.
-    pub(crate) stuck: Vec<StuckDetector>,
+    stuck: Vec<StuckDetector>,
     /// `error_rate` and `no_progress`, in list order.
     progress: Vec<Progress>,
     /// `awaiting_user`.
@@ -335,7 +341,7 @@ enum Progress {
     Rounds(NoProgressDetector),
 }
 
-impl Detectors {
+impl Set {
     /// The detectors of `specs`, each with its ladder from `escalation`
     /// (by code) when one is given, and the tool-call loop detectors with
     /// `tool_rules`.
@@ -571,5 +577,119 @@ impl Detectors {
             }
         }
         verdict
+    }
+}
+
+impl Detectors {
+    /// The detectors of `specs`, each with its ladder from `escalation`
+    /// (by code) when one is given, and the tool-call loop detectors with
+    /// `tool_rules`; nothing boxed when `specs` make none.
+    pub(crate) fn new(
+        specs: &[StopConditionSpec],
+        escalation: &BTreeMap<String, Ladder>,
+        tool_rules: &Arc<BTreeMap<String, ToolLoopRule>>,
+    ) -> Self {
+        let set = Set::new(specs, escalation, tool_rules);
+        let none = set.tool_loops.is_empty()
+            && set.chanting.is_empty()
+            && set.stuck.is_empty()
+            && set.progress.is_empty()
+            && set.awaiting.is_empty();
+        Self((!none).then(|| Box::new(set)))
+    }
+
+    /// The `i`-th `stuck` detector (by position among the spec's `stuck`
+    /// conditions).
+    pub(crate) fn stuck(&mut self, i: usize) -> Option<&mut StuckDetector> {
+        self.0.as_mut()?.stuck.get_mut(i)
+    }
+
+    /// See [`Set::record`]; a plain record when there are no detectors.
+    pub(crate) fn record(&mut self, call: &ToolCall, result: &ToolResult) -> CallRecord {
+        match &mut self.0 {
+            Some(set) => set.record(call, result),
+            None => CallRecord::new(call, result),
+        }
+    }
+
+    /// Whether a detector refuses some calls now (a `deny` step was taken).
+    pub(crate) fn denies(&self) -> bool {
+        self.0.as_ref().is_some_and(|s| s.denies())
+    }
+
+    /// See [`Set::screen`].
+    pub(crate) fn screen(
+        &mut self,
+        call: &ToolCall,
+        admit: impl Fn(&Verdict) -> bool,
+    ) -> Option<Verdict> {
+        self.0.as_mut()?.screen(call, admit)
+    }
+
+    /// See [`Set::observe_error`].
+    pub(crate) fn observe_error(
+        &mut self,
+        after: std::time::Duration,
+        admit: impl Fn(&Verdict) -> bool,
+    ) -> Option<Verdict> {
+        self.0.as_mut()?.observe_error(after, admit)
+    }
+
+    /// See [`Set::observe_final`].
+    pub(crate) fn observe_final(
+        &mut self,
+        answer: &str,
+        admit: impl Fn(&Verdict) -> bool,
+    ) -> Option<Verdict> {
+        self.0.as_mut()?.observe_final(answer, admit)
+    }
+
+    /// Whether any detector watches errors or progress.
+    pub(crate) fn watches_progress(&self) -> bool {
+        self.0.as_ref().is_some_and(|s| s.watches_progress())
+    }
+
+    /// See [`Set::observe_progress`].
+    pub(crate) fn observe_progress(
+        &mut self,
+        records: &[CallRecord],
+        admit: impl Fn(&Verdict) -> bool,
+    ) -> Option<Verdict> {
+        self.0.as_mut()?.observe_progress(records, admit)
+    }
+
+    /// Whether any detector watches the text stream.
+    pub(crate) fn watches_text(&self) -> bool {
+        self.0.as_ref().is_some_and(|s| s.watches_text())
+    }
+
+    /// Whether any detector watches tool calls.
+    pub(crate) fn watches_tool_calls(&self) -> bool {
+        self.0.as_ref().is_some_and(|s| s.watches_tool_calls())
+    }
+
+    /// A new answer starts streaming.
+    pub(crate) fn start_response(&mut self) {
+        if let Some(set) = &mut self.0 {
+            set.start_response();
+        }
+    }
+
+    /// See [`Set::observe_text`].
+    pub(crate) fn observe_text(
+        &mut self,
+        text: &str,
+        admit: impl Fn(&Verdict) -> bool,
+    ) -> Option<Verdict> {
+        self.0.as_mut()?.observe_text(text, admit)
+    }
+
+    /// See [`Set::observe_tool_results`].
+    pub(crate) fn observe_tool_results(
+        &mut self,
+        records: &[CallRecord],
+        admit: impl Fn(&Verdict) -> bool,
+    ) -> Option<Verdict> {
+        self.0.as_mut()?.observe_tool_results(records, admit)
     }
 }
