@@ -129,13 +129,7 @@ async fn a_runs_events_stream_from_the_start_or_after_last_event_id_and_end_afte
 /// browser reacting to the event does), without waiting for the close.
 async fn until_run_finished(server: &common::Server, run_id: &str) {
     use futures::StreamExt;
-    let response = server
-        .client
-        .get(server.at(&format!("/v1/runs/{run_id}/events")))
-        .send()
-        .await
-        .unwrap();
-    let mut body = response.bytes_stream();
+    let mut body = server.run_events(run_id).await.bytes_stream();
     let mut seen = String::new();
     while !seen.contains("event: run_finished") {
         let chunk = body
@@ -492,13 +486,7 @@ async fn an_sse_client_that_leaves_early_changes_nothing_for_the_run() {
     let server = Server::start(YAML).await;
     let (_, run) = server.say("t", "slow", agent("slow")).await;
     let run_id = run["run_id"].as_str().unwrap().to_owned();
-    let response = server
-        .client
-        .get(server.at(&format!("/v1/runs/{run_id}/events")))
-        .send()
-        .await
-        .unwrap();
-    let first = read_sse(response, 2).await;
+    let first = read_sse(server.run_events(&run_id).await, 2).await;
     assert_eq!(first.len(), 2);
     // The response was dropped after two events.
     let record = server.finished(&run_id).await;

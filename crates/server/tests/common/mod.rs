@@ -166,6 +166,18 @@ impl Server {
         panic!("run {run_id} never finished");
     }
 
+    /// Opens a run's event stream (SSE), from its start.
+    pub async fn run_events(&self, run_id: &str) -> reqwest::Response {
+        let response = self
+            .client
+            .get(self.at(&format!("/v1/runs/{run_id}/events")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        response
+    }
+
     /// Reads an SSE response to its end: (id, event, data) per event.
     pub async fn sse(
         &self,
