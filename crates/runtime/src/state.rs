@@ -83,13 +83,13 @@ pub(crate) fn register_key(
     Ok(())
 }
 
-/// The typed state of one run: one value per registered key, each starting
-/// at its `Default`.
 /// The hasher of the state map: its keys are the plugins' `&'static str`
 /// names, fixed in code, so a fast fixed-seed hash does (SipHash, the
 /// default, costs a few hundred instructions a lookup, every round).
 type Keys = foldhash::fast::FixedState;
 
+/// The typed state of one run: one value per registered key, each starting
+/// at its `Default`.
 #[derive(Default)]
 pub(crate) struct RunState {
     slots: HashMap<&'static str, Slot, Keys>,
