@@ -59,7 +59,6 @@ mod lines;
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use rein_runtime_contract::escalation::Ladder;
 use rein_runtime_contract::lifecycle::OnDetect;
@@ -182,7 +181,7 @@ struct Chunks {
     periods: Vec<Key>,
 }
 
-type Heads = HashMap<u64, usize, BuildHasherDefault<FoldHash>>;
+type Heads = HashMap<u64, usize, super::ByHash>;
 
 impl Chunks {
     fn new(chunk: usize, threshold: usize) -> Self {
@@ -288,25 +287,6 @@ impl Chunks {
             chunk: self.text.chars(start),
             mean_gap: (start - first) / (self.threshold - 1),
         })
-    }
-}
-
-/// Uses a key's first hash, its high half folded into the low one (the map
-/// indexes buckets by the low bits, which a polynomial hash mixes least).
-#[derive(Default)]
-struct FoldHash(u64);
-
-impl Hasher for FoldHash {
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 32)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
     }
 }
 

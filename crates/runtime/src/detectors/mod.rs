@@ -253,6 +253,33 @@ pub(crate) fn nudge_code(text: &str) -> &'static str {
     }
 }
 
+/// Builds [`HashedKey`] hashers: for maps and sets keyed by a `u64` that is
+/// a hash already.
+pub(crate) type ByHash = std::hash::BuildHasherDefault<HashedKey>;
+
+/// Hashes a `u64` key that is a hash already to the key itself, its high
+/// half folded into the low one (maps index buckets by the low bits, which
+/// a polynomial hash mixes least).
+#[derive(Default)]
+pub(crate) struct HashedKey(u64);
+
+impl std::hash::Hasher for HashedKey {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys come here; any other input still hashes.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = key;
+    }
+}
+
 /// The text of a denied call's result.
 pub(crate) fn denied_result(reason: &StoppedReason) -> String {
     format!(

@@ -3,7 +3,6 @@
 //! tool results all repeat earlier ones).
 
 use std::collections::{HashSet, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 use rein_runtime_contract::escalation::Ladder;
@@ -87,27 +86,6 @@ impl ErrorRateDetector {
     }
 }
 
-/// Hashes a key that is a hash already (a `CallRecord`'s) to itself.
-#[derive(Debug, Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `u64` keys come here; any other input still hashes.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, key: u64) {
-        self.0 = key;
-    }
-}
-
 /// `no_progress`: `rounds` rounds in a row whose tool results all repeat
 /// results the run had already seen. Rounds without tool calls do not
 /// count either way.
@@ -115,7 +93,7 @@ impl Hasher for KeyHasher {
 pub struct NoProgressDetector {
     rounds: usize,
     /// The results' keys, already hashes: hashed again by identity.
-    seen: HashSet<u64, BuildHasherDefault<KeyHasher>>,
+    seen: HashSet<u64, super::ByHash>,
     stale: usize,
     escalation: Escalation,
 }
