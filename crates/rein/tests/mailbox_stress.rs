@@ -1,6 +1,8 @@
 //! Many tasks submitting to a few threads at once: no submission fails, no
 //! two runs overlap on a thread, every message lands exactly once and in
-//! each submitter's order, every tool call is answered, every handle resolves.
+//! each submitter's order, every tool call is answered, every handle resolves;
+//! a reader of the threads meanwhile sees only valid histories, each read
+//! the one before plus finished rounds.
 
 #![allow(
     clippy::unwrap_used,
@@ -111,6 +113,31 @@ async fn concurrent_submissions_keep_every_invariant() {
             handles
         }));
     }
+    // Reads every thread while the runs go on: each read is a valid
+    // history (no round in progress) and extends the previous read.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = tokio::spawn({
+        let runtime = runtime.clone();
+        let done = done.clone();
+        async move {
+            let mut last: Vec<Vec<Message>> = vec![Vec::new(); THREADS];
+            let mut reads = 0usize;
+            while !done.load(Ordering::SeqCst) {
+                for (t, last) in last.iter_mut().enumerate() {
+                    let now = runtime.thread_messages(&format!("thread-{t}")).await;
+                    assert_history_valid(&now);
+                    assert!(
+                        now.len() >= last.len() && now[..last.len()] == last[..],
+                        "thread-{t} read {reads}: a read does not extend the previous one"
+                    );
+                    *last = now;
+                    reads += 1;
+                }
+                tokio::task::yield_now().await;
+            }
+            reads
+        }
+    });
     let mut resolved = 0;
     for submitter in submitters {
         for handle in submitter.await.unwrap() {
@@ -119,6 +146,9 @@ async fn concurrent_submissions_keep_every_invariant() {
         }
     }
     assert_eq!(resolved, TASKS * SUBMISSIONS);
+    done.store(true, Ordering::SeqCst);
+    let reads = reader.await.unwrap();
+    assert!(reads > THREADS, "the reader read only {reads} times");
     assert_eq!(
         probe.overlaps.load(Ordering::SeqCst),
         0,

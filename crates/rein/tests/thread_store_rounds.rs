@@ -1,7 +1,8 @@
 //! When a run's messages reach its thread's store: each round as it ends
-//! for a store that wants them (the default, what a database does), or all
-//! at once, moved in when the run ends, for the in-memory store
-//! (`ThreadStore::stores_each_round`).
+//! for a store that wants them (the default, what a database does); for
+//! the in-memory store, which lends the run the thread's own history
+//! (`ThreadStore::lend`), each round is shown as it ends too, without being
+//! copied.
 
 #![allow(
     clippy::unwrap_used,
@@ -76,19 +77,21 @@ async fn thread_during_and_after(
 }
 
 #[tokio::test]
-async fn an_in_memory_thread_shows_a_run_s_messages_once_the_run_has_ended() {
+async fn an_in_memory_thread_shows_a_run_s_finished_rounds_while_it_runs_and_the_rest_once_it_ends()
+{
     let (runtime, entered) = two_run_runtime(None);
     let (during, after) = thread_during_and_after(&runtime, &entered).await;
-    // While the second run is under way, the thread is as it was when it
-    // started: the first run's two messages.
-    assert_eq!(during.len(), 2, "{during:?}");
+    // While the second run blocks in `gate`, the thread shows its finished
+    // rounds: the first run's two messages, the input and the echo round.
+    // Not the round in progress (the gate call has no result yet).
+    assert_eq!(during.len(), 5, "{during:?}");
+    assert_history_valid(&during);
     assert_eq!(during[1].content, "hi");
-    // Then everything: the input, the echo round, the gate call and its
-    // "not run" result.
+    assert_eq!(during[2].content, "go on");
+    assert_eq!(during[3].tool_calls[0].name, "echo");
+    // Then everything: the gate call and its "not run" result.
     assert_history_valid(&after);
-    assert_eq!(after[..2], during[..]);
-    assert_eq!(after[2].content, "go on");
-    assert_eq!(after[3].tool_calls[0].name, "echo");
+    assert_eq!(after[..5], during[..]);
     assert_eq!(after[3].tool_calls[0].arguments, json!({"n": 1}));
     assert_eq!(
         tool_results(&after)[0].1,

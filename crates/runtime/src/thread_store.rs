@@ -9,6 +9,7 @@
 //! cross-run coordination.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 use rein_runtime_contract::message::Message;
@@ -81,6 +82,20 @@ pub trait ThreadStore: Send + Sync {
         true
     }
 
+    /// Lends the thread's history to the run that holds the thread, for a
+    /// store that keeps histories in memory: the run appends to the
+    /// store's own vector (through the [`LentHistory`]) instead of loading
+    /// a copy and handing its messages over at the end. `None` (the
+    /// default): the run loads a copy with [`load`](Self::load).
+    ///
+    /// Only the run holding the thread borrows it. A write from anyone else
+    /// calls the loan off; the run's messages then join the thread after
+    /// that write when it gives them back.
+    fn lend(&self, thread_id: &str) -> Option<BorrowedHistory> {
+        let _ = thread_id;
+        None
+    }
+
     /// Replaces the thread's whole history (used when a history loaded from
     /// the store needs repair).
     ///
@@ -130,15 +145,96 @@ pub trait ThreadStore: Send + Sync {
     }
 }
 
+/// What [`ThreadStore::lend`] lends: the thread's history, shared with the
+/// store, and the loan to change it through.
+pub type BorrowedHistory = (Arc<Vec<Message>>, Box<dyn LentHistory>);
+
+/// A thread's history lent to the run holding the thread
+/// ([`ThreadStore::lend`]): the run and the store share one vector.
+pub trait LentHistory: Send + Sync {
+    /// Changes the run's `history` with `edit`, readers of the thread kept
+    /// out meanwhile. The store lets go of its share first, so the change
+    /// copies nothing unless someone else holds the vector too.
+    fn edit(&self, history: &mut Arc<Vec<Message>>, edit: &mut dyn FnMut(&mut Vec<Message>));
+
+    /// Readers of the thread see its first `len` messages from now on (the
+    /// run's finished rounds).
+    fn show(&self, len: usize);
+
+    /// The run is over: `history` is the thread's, whole. If the loan was
+    /// called off, only what the run added joins the thread.
+    fn give_back(self: Box<Self>, history: Arc<Vec<Message>>);
+}
+
 /// A [`ThreadStore`] in process memory; histories are lost when it is dropped.
 ///
-/// A run's messages join its thread when the run ends (or parks), moved in
-/// rather than copied ([`ThreadStore::stores_each_round`] is `false`): a
-/// live run's history is held once, by the run. Until then, reading the
-/// thread shows it as it was when the run started.
+/// A thread's history is one shared vector: the run holding the thread
+/// borrows it ([`ThreadStore::lend`]) and appends to it in place, so a run
+/// start copies nothing however long the thread is, and a run's end moves
+/// nothing. Readers see the thread's finished rounds as the run commits
+/// them, never a round in progress. A brand-new thread is not lent: its
+/// first run's messages are moved in when that run ends
+/// ([`ThreadStore::stores_each_round`] is `false`).
 #[derive(Debug, Default, Clone)]
 pub struct InMemoryThreadStore {
-    threads: Arc<DashMap<String, Vec<Message>>>,
+    threads: Arc<DashMap<String, Slot>>,
+    /// Numbers the loans, so a borrower whose loan was called off knows.
+    loans: Arc<AtomicU64>,
+}
+
+/// One thread's history in an [`InMemoryThreadStore`].
+#[derive(Debug, Default)]
+struct Slot {
+    /// The messages; `None` only while the borrower changes them (under
+    /// the map's lock, so no reader sees it).
+    history: Option<Arc<Vec<Message>>>,
+    /// How many of `history`'s messages are the thread's. Beyond them: a
+    /// borrower's round in progress, or what a borrower that vanished
+    /// left unfinished (cut off at the next write).
+    shown: usize,
+    /// The loan out, if a run borrows the history.
+    lent: Option<Loan>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Loan {
+    id: u64,
+    /// The thread's length when lent: what a called-off borrower's own
+    /// messages follow.
+    from: usize,
+}
+
+impl Slot {
+    fn holding(messages: Vec<Message>) -> Self {
+        Self {
+            shown: messages.len(),
+            history: Some(Arc::new(messages)),
+            lent: None,
+        }
+    }
+
+    fn shown(&self) -> &[Message] {
+        self.history.as_deref().map_or(&[], |h| &h[..self.shown])
+    }
+
+    /// The thread's own messages, to write to. A loan is called off: the
+    /// thread goes back to what it held when lent, and the borrower's
+    /// messages join after what is written now when it gives them back.
+    /// Copies only when a borrower still shares the vector.
+    fn own(&mut self) -> &mut Vec<Message> {
+        let keep = match self.lent.take() {
+            Some(loan) => loan.from,
+            None => self.shown,
+        };
+        let history = self.history.get_or_insert_with(Default::default);
+        if Arc::get_mut(history).is_none() {
+            *history = Arc::new(history[..keep].to_vec());
+        }
+        // The store's alone now: this copies nothing.
+        let own = Arc::make_mut(history);
+        own.truncate(keep);
+        own
+    }
 }
 
 impl InMemoryThreadStore {
@@ -151,6 +247,18 @@ impl InMemoryThreadStore {
     pub fn thread_ids(&self) -> Vec<String> {
         self.threads.iter().map(|e| e.key().clone()).collect()
     }
+
+    /// Runs `write` on the thread's own messages (calling off a loan).
+    fn write(&self, thread_id: &str, write: impl FnOnce(&mut Vec<Message>)) {
+        // A thread being written to usually exists: no key copied then.
+        let mut slot = match self.threads.get_mut(thread_id) {
+            Some(slot) => slot,
+            None => self.threads.entry(thread_id.to_owned()).or_default(),
+        };
+        let own = slot.own();
+        write(own);
+        slot.shown = own.len();
+    }
 }
 
 #[async_trait::async_trait]
@@ -159,23 +267,14 @@ impl ThreadStore for InMemoryThreadStore {
         Ok(self
             .threads
             .get(thread_id)
-            .map(|h| h.value().clone())
+            .map(|slot| slot.shown().to_vec())
             .unwrap_or_default())
     }
 
     async fn append(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError> {
-        if messages.is_empty() {
-            return Ok(());
+        if !messages.is_empty() {
+            self.write(thread_id, |history| history.extend_from_slice(messages));
         }
-        // A thread being appended to usually exists: no key copied then.
-        if let Some(mut history) = self.threads.get_mut(thread_id) {
-            history.extend_from_slice(messages);
-            return Ok(());
-        }
-        self.threads
-            .entry(thread_id.to_owned())
-            .or_default()
-            .extend_from_slice(messages);
         Ok(())
     }
 
@@ -187,18 +286,22 @@ impl ThreadStore for InMemoryThreadStore {
         if messages.is_empty() {
             return Ok(());
         }
-        if let Some(mut history) = self.threads.get_mut(thread_id) {
+        if !self.threads.contains_key(thread_id) {
+            // A new thread keeps the run's own vector (its spare room given
+            // back).
+            messages.shrink_to_fit();
+            self.threads
+                .insert(thread_id.to_owned(), Slot::holding(messages));
+            return Ok(());
+        }
+        self.write(thread_id, |history| {
             if history.is_empty() {
                 messages.shrink_to_fit();
                 *history = messages;
             } else {
                 history.append(&mut messages);
             }
-            return Ok(());
-        }
-        // A new thread keeps the run's own vector (its spare room given back).
-        messages.shrink_to_fit();
-        self.threads.insert(thread_id.to_owned(), messages);
+        });
         Ok(())
     }
 
@@ -206,14 +309,116 @@ impl ThreadStore for InMemoryThreadStore {
         false
     }
 
+    fn lend(&self, thread_id: &str) -> Option<BorrowedHistory> {
+        let mut slot = self.threads.get_mut(thread_id)?;
+        // Nothing to lend, or lent already (a borrower not yet gone): the
+        // run loads a copy instead.
+        if slot.shown == 0 || slot.lent.is_some() {
+            return None;
+        }
+        let from = slot.shown;
+        let history = slot.own();
+        history.truncate(from);
+        let loan = Loan {
+            id: self.loans.fetch_add(1, Ordering::Relaxed),
+            from,
+        };
+        slot.lent = Some(loan);
+        let shared = slot.history.clone()?;
+        Some((
+            shared,
+            Box::new(Lease {
+                threads: self.threads.clone(),
+                thread_id: thread_id.to_owned(),
+                loan,
+                given_back: false,
+            }),
+        ))
+    }
+
     async fn replace(&self, thread_id: &str, messages: &[Message]) -> Result<(), ThreadStoreError> {
-        self.threads.insert(thread_id.to_owned(), messages.to_vec());
+        self.threads
+            .insert(thread_id.to_owned(), Slot::holding(messages.to_vec()));
         Ok(())
     }
 
     async fn delete(&self, thread_id: &str) -> Result<(), ThreadStoreError> {
         self.threads.remove(thread_id);
         Ok(())
+    }
+}
+
+/// An [`InMemoryThreadStore`]'s loan of one thread's history.
+struct Lease {
+    threads: Arc<DashMap<String, Slot>>,
+    thread_id: String,
+    loan: Loan,
+    given_back: bool,
+}
+
+impl Lease {
+    /// The thread's slot while the loan stands.
+    fn slot(&self) -> Option<dashmap::mapref::one::RefMut<'_, String, Slot>> {
+        self.threads
+            .get_mut(self.thread_id.as_str())
+            .filter(|slot| slot.lent == Some(self.loan))
+    }
+}
+
+impl LentHistory for Lease {
+    fn edit(&self, history: &mut Arc<Vec<Message>>, edit: &mut dyn FnMut(&mut Vec<Message>)) {
+        match self.slot() {
+            Some(mut slot) => {
+                // The store lets go of its share first: the run's is then
+                // the only one, and the change copies nothing.
+                slot.history = None;
+                edit(Arc::make_mut(history));
+                slot.history = Some(history.clone());
+            }
+            None => edit(Arc::make_mut(history)),
+        }
+    }
+
+    fn show(&self, len: usize) {
+        if let Some(mut slot) = self.slot() {
+            slot.shown = len;
+        }
+    }
+
+    fn give_back(mut self: Box<Self>, history: Arc<Vec<Message>>) {
+        self.given_back = true;
+        if let Some(mut slot) = self.slot() {
+            slot.shown = history.len();
+            slot.history = Some(history);
+            slot.lent = None;
+            return;
+        }
+        // Called off (the thread was written, replaced or deleted by
+        // someone else): what the run added joins what the thread is now.
+        let from = self.loan.from.min(history.len());
+        if from == history.len() {
+            return;
+        }
+        let new = match Arc::try_unwrap(history) {
+            Ok(mut history) => history.split_off(from),
+            Err(shared) => shared[from..].to_vec(),
+        };
+        let mut slot = self.threads.entry(self.thread_id.clone()).or_default();
+        let own = slot.own();
+        own.extend(new);
+        slot.shown = own.len();
+    }
+}
+
+impl Drop for Lease {
+    /// A borrower gone without giving the history back (its task dropped):
+    /// the thread keeps the rounds it showed.
+    fn drop(&mut self) {
+        if !self.given_back
+            && let Some(mut slot) = self.slot()
+        {
+            slot.lent = None;
+        }
     }
 }
 
@@ -294,5 +499,107 @@ mod tests {
         store.delete("t").await.unwrap();
         assert!(store.load("t").await.unwrap().is_empty());
         assert!(store.thread_ids().is_empty());
+    }
+
+    /// Lends thread "t" of `store`, which must hold a history.
+    fn borrow(store: &InMemoryThreadStore) -> BorrowedHistory {
+        store.lend("t").expect("a thread with a history is lent")
+    }
+
+    #[tokio::test]
+    async fn a_lent_history_is_the_store_s_own_vector_and_comes_back_without_a_copy() {
+        let store = InMemoryThreadStore::new();
+        let messages = every_kind_of_message();
+        store.append("t", &messages[..2]).await.unwrap();
+        let (mut history, lease) = borrow(&store);
+        lease.edit(&mut history, &mut |h| h.push(messages[2].clone()));
+        // A round in progress is not shown; a finished one is.
+        assert_eq!(store.load("t").await.unwrap(), messages[..2]);
+        lease.show(3);
+        assert_eq!(store.load("t").await.unwrap(), messages[..3]);
+        let vector = Arc::as_ptr(&history);
+        lease.edit(&mut history, &mut |h| h.extend_from_slice(&messages[3..]));
+        assert_eq!(Arc::as_ptr(&history), vector, "an edit copied the history");
+        lease.give_back(history);
+        assert_eq!(store.load("t").await.unwrap(), messages);
+        // The next run borrows the very vector the last one gave back.
+        let (again, _lease) = borrow(&store);
+        assert_eq!(Arc::as_ptr(&again), vector);
+    }
+
+    #[tokio::test]
+    async fn a_new_thread_or_one_lent_already_is_not_lent() {
+        let store = InMemoryThreadStore::new();
+        assert!(store.lend("t").is_none());
+        store.append("t", &every_kind_of_message()).await.unwrap();
+        let (_history, _lease) = borrow(&store);
+        assert!(store.lend("t").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_write_from_elsewhere_calls_the_loan_off_and_the_run_s_messages_follow_it() {
+        let store = InMemoryThreadStore::new();
+        let messages = every_kind_of_message();
+        store.append("t", &messages[..1]).await.unwrap();
+        let (mut history, lease) = borrow(&store);
+        lease.edit(&mut history, &mut |h| h.push(messages[1].clone()));
+        lease.show(2);
+        store.append("t", &messages[2..3]).await.unwrap();
+        // The thread is what it held when lent, then the write.
+        assert_eq!(
+            store.load("t").await.unwrap(),
+            [messages[0].clone(), messages[2].clone()]
+        );
+        // An edit after the loan is off changes the run's copy only.
+        lease.edit(&mut history, &mut |h| h.push(messages[3].clone()));
+        assert_eq!(store.load("t").await.unwrap().len(), 2);
+        lease.give_back(history);
+        assert_eq!(
+            store.load("t").await.unwrap(),
+            [&messages[0], &messages[2], &messages[1], &messages[3]].map(Clone::clone)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_run_s_messages_join_a_thread_replaced_or_deleted_while_it_ran() {
+        let store = InMemoryThreadStore::new();
+        let messages = every_kind_of_message();
+        store.append("t", &messages[..1]).await.unwrap();
+        let (mut history, lease) = borrow(&store);
+        lease.edit(&mut history, &mut |h| h.push(messages[1].clone()));
+        store.replace("t", &messages[4..]).await.unwrap();
+        lease.give_back(history);
+        assert_eq!(
+            store.load("t").await.unwrap(),
+            [messages[4].clone(), messages[1].clone()]
+        );
+        let (mut history, lease) = borrow(&store);
+        lease.edit(&mut history, &mut |h| h.push(messages[2].clone()));
+        store.delete("t").await.unwrap();
+        lease.give_back(history);
+        assert_eq!(store.load("t").await.unwrap(), messages[2..3]);
+    }
+
+    #[tokio::test]
+    async fn a_borrower_gone_without_giving_back_leaves_the_rounds_it_showed() {
+        let store = InMemoryThreadStore::new();
+        let messages = every_kind_of_message();
+        store.append("t", &messages[..1]).await.unwrap();
+        let (mut history, lease) = borrow(&store);
+        lease.edit(&mut history, &mut |h| h.extend_from_slice(&messages[1..3]));
+        lease.show(3);
+        lease.edit(&mut history, &mut |h| h.push(messages[3].clone()));
+        drop(lease);
+        drop(history);
+        assert_eq!(store.load("t").await.unwrap(), messages[..3]);
+        // The unfinished round is cut off: the next writer follows the rounds
+        // shown.
+        store.append("t", &messages[4..]).await.unwrap();
+        assert_eq!(
+            store.load("t").await.unwrap(),
+            [&messages[0], &messages[1], &messages[2], &messages[4]].map(Clone::clone)
+        );
+        let (history, _lease) = borrow(&store);
+        assert_eq!(history.len(), 4);
     }
 }

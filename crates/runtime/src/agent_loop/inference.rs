@@ -417,11 +417,11 @@ impl Run {
             // An empty answer is not stored: some providers (Anthropic)
             // reject empty assistant content in every later request.
             if !text.is_empty() {
-                self.history_mut().push(Message::assistant(text));
+                self.push_history(Message::assistant(text));
             }
             Vec::new()
         } else {
-            self.history_mut().push(Message::assistant_with_tools(
+            self.push_history(Message::assistant_with_tools(
                 text,
                 history::compact_calls(&tool_calls),
             ));

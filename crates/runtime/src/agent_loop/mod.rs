@@ -75,7 +75,7 @@ use judge::Judge;
 /// The most summarizing calls made before one inference: a history many
 /// windows long is summarized in passes of half a window each.
 const MAX_SUMMARY_PASSES: u32 = 8;
-use crate::thread_store::{ThreadStore, ThreadStoreError};
+use crate::thread_store::{LentHistory, ThreadStore, ThreadStoreError};
 
 /// Everything a run needs to start.
 pub(crate) struct RunSetup {
@@ -251,6 +251,7 @@ fn prepare(setup: Box<RunSetup>) -> (Run, Option<Box<crate::approvals::ParkedRun
         backoff,
         trace_content,
         request,
+        lease: None,
         persisted: 0,
         committed: 0,
         incomplete: Vec::new(),
@@ -319,6 +320,9 @@ struct Run {
     trace_content: bool,
     /// The next inference's request; `request.messages` is the history.
     request: InferenceRequest,
+    /// The store's loan of the history, when the store lends it
+    /// (`ThreadStore::lend`): changes to it go through the loan.
+    lease: Option<Box<dyn LentHistory>>,
     /// How much of the history the store already has.
     persisted: usize,
     /// How much of the history is finished rounds (all their calls
@@ -441,47 +445,84 @@ impl Run {
         }
     }
 
-    fn history_mut(&mut self) -> &mut Vec<Message> {
-        Arc::make_mut(&mut self.request.messages)
+    /// Changes the history (through the store's loan, if it lent it).
+    fn edit_history<R: Default>(&mut self, edit: impl FnOnce(&mut Vec<Message>) -> R) -> R {
+        let Some(lease) = &self.lease else {
+            return edit(Arc::make_mut(&mut self.request.messages));
+        };
+        let mut edit = Some(edit);
+        let mut out = None;
+        lease.edit(&mut self.request.messages, &mut |history| {
+            out = edit.take().map(|edit| edit(history));
+        });
+        // The loan runs the edit exactly once.
+        out.unwrap_or_default()
+    }
+
+    fn push_history(&mut self, message: Message) {
+        self.edit_history(|history| history.push(message));
+    }
+
+    /// Takes the thread's history: borrowed from the store when it lends
+    /// it, loaded otherwise. Returns its length.
+    async fn take_history(&mut self) -> Result<usize, TerminationReason> {
+        let thread = &self.id.thread_id;
+        self.request.messages = match self.store.lend(thread) {
+            Some((history, lease)) => {
+                self.lease = Some(lease);
+                history
+            }
+            None => Arc::new(self.store.load(thread).await.map_err(store_failed)?),
+        };
+        let len = self.request.messages.len();
+        self.persisted = len;
+        self.committed = len;
+        if let Some(checks) = &mut self.checks {
+            checks.task_from = len;
+        }
+        Ok(len)
     }
 
     /// Loads the thread, repairs what it finds, and records the input.
     async fn start(&mut self, input: Vec<Message>) -> Result<(), TerminationReason> {
-        let thread = self.id.thread_id.clone();
-        let mut history = self.store.load(&thread).await.map_err(store_failed)?;
+        let from = self.take_history().await?;
         // Calls a previous run left open (its process stopped mid-call):
         // nothing says whether they ran.
-        if history::repair_with_status(
-            &mut history,
-            0,
-            "error: the run that requested this call ended without recording its result; the call may or may not have run",
-            ToolCallStatus::MayHaveCompleted,
-        ) > 0
-        {
+        let repaired = self.edit_history(|history| {
+            history::repair_with_status(
+                history,
+                0,
+                "error: the run that requested this call ended without recording its result; the call may or may not have run",
+                ToolCallStatus::MayHaveCompleted,
+            )
+        });
+        // A lent history is the store's own: repaired in place.
+        if repaired > 0 && self.lease.is_none() {
             self.store
-                .replace(&thread, &history)
+                .replace(&self.id.thread_id, &self.request.messages)
                 .await
                 .map_err(store_failed)?;
         }
-        self.persisted = history.len();
-        self.committed = history.len();
-        if let Some(checks) = &mut self.checks {
-            checks.task_from = history.len();
-        }
-        history.extend(input);
-        let from = self.persisted;
-        history::repair_with_status(
-            &mut history,
-            from,
-            "not run: this call had no result in the input",
-            ToolCallStatus::NotStarted,
-        );
-        self.request.messages = Arc::new(history);
+        self.edit_history(|history| {
+            history.extend(input);
+            history::repair_with_status(
+                history,
+                from,
+                "not run: this call had no result in the input",
+                ToolCallStatus::NotStarted,
+            );
+        });
         self.persist_round().await
     }
 
     /// Appends the part of the history the store does not have yet.
     async fn persist(&mut self) -> Result<(), TerminationReason> {
+        if let Some(lease) = &self.lease {
+            // The store holds the history already: readers are shown it.
+            self.committed = self.request.messages.len();
+            lease.show(self.committed);
+            return Ok(());
+        }
         let new = &self.request.messages[self.persisted..];
         if !new.is_empty() {
             self.store
@@ -498,7 +539,7 @@ impl Run {
     /// takes each round as it ends ([`persist`](Self::persist)); otherwise
     /// it waits for [`hand_over`](Self::hand_over).
     async fn persist_round(&mut self) -> Result<(), TerminationReason> {
-        if self.store.stores_each_round() {
+        if self.store.stores_each_round() || self.lease.is_some() {
             return self.persist().await;
         }
         self.committed = self.request.messages.len();
@@ -509,6 +550,10 @@ impl Run {
     /// out of the history when the run holds it alone (a copy otherwise).
     /// The history is left empty.
     async fn hand_over(&mut self) -> Result<(), TerminationReason> {
+        if let Some(lease) = self.lease.take() {
+            lease.give_back(std::mem::take(&mut self.request.messages));
+            return Ok(());
+        }
         let from = self.persisted;
         if from >= self.request.messages.len() {
             return Ok(());
@@ -659,7 +704,7 @@ impl Run {
                         self.response = partial.text.clone();
                         let mut message = Message::assistant(partial.text);
                         message.interrupted = true;
-                        self.history_mut().push(message);
+                        self.push_history(message);
                     }
                     return self.cancelled_reason();
                 }
@@ -707,7 +752,7 @@ impl Run {
                 thread_id: self.id.thread_id.clone(),
                 text: text.clone(),
             });
-            self.history_mut().push(Message::user(text));
+            self.push_history(Message::user(text));
         }
     }
 
@@ -731,7 +776,9 @@ impl Run {
         let from = self
             .parked_round
             .map_or(self.committed, |at| at.min(self.committed));
-        for (id, name) in history::repair_calls(self.history_mut(), from, &note, Some(status)) {
+        let repaired =
+            self.edit_history(|history| history::repair_calls(history, from, &note, Some(status)));
+        for (id, name) in repaired {
             self.incomplete
                 .push(IncompleteToolCall::new(id, name, status));
         }

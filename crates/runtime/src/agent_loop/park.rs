@@ -87,20 +87,9 @@ impl Run {
         &mut self,
         resumed: ParkedRun,
     ) -> Result<(), TerminationReason> {
-        let thread = self.id.thread_id.clone();
-        let history = self
-            .store
-            .load(&thread)
-            .await
-            .map_err(super::store_failed)?;
-        self.persisted = history.len();
-        self.committed = history.len();
         // The run's input is somewhere before: its task is taken to be
         // the thread's last user message.
-        if let Some(checks) = &mut self.checks {
-            checks.task_from = history.len();
-        }
-        self.request.messages = Arc::new(history);
+        self.take_history().await?;
         self.steps = resumed.steps;
         self.usage = resumed.usage;
         let cannot = |why: String| {

@@ -427,7 +427,7 @@ impl Run {
                     .find(|c| c.call_id == call.id)
                     .map(|c| c.status);
             }
-            self.history_mut().push(message);
+            self.push_history(message);
         }
     }
 }
