@@ -55,6 +55,10 @@
 //! The phrase lists are data; the classifier's precision and recall on two
 //! labelled sets (220 and 393 answers) are in `docs/stop-policies.md`.
 
+use std::sync::LazyLock;
+
+use aho_corasick::AhoCorasick;
+
 use super::{Escalation, Verdict, snippet};
 use rein_runtime_contract::escalation::Ladder;
 use rein_runtime_contract::lifecycle::OnDetect;
@@ -1025,9 +1029,13 @@ fn requests(sentence: &str) -> bool {
         let first_then = then.iter().filter_map(|t| sentence.find(t)).min();
         matches!((first_you, first_then), (Some(y), Some(t)) if y < t)
     };
-    you_then_i(&["you "], &["and i'll", "and i will", "then i'll"])
-        || you_then_i(&["你", "您"], &["我就", "我再", "我马上", "我立刻", "我好"])
+    you_then_i(&["you "], YOU_THEN_I_EN) || you_then_i(&["你", "您"], YOU_THEN_I_ZH)
 }
+
+/// What follows "you …" in "you … and I'll …".
+const YOU_THEN_I_EN: &[&str] = &["and i'll", "and i will", "then i'll"];
+/// What follows "你…" in "你…，我就…".
+const YOU_THEN_I_ZH: &[&str] = &["我就", "我再", "我马上", "我立刻", "我好"];
 
 /// Whether the question `sentences[i]` is one the agent waits on: not a
 /// tag question, a polite closing, an optional offer, an FAQ entry, a
@@ -1088,8 +1096,11 @@ fn reported(sentences: &[Sentence]) -> Vec<bool> {
 fn asks(sentence: &str) -> bool {
     has_any(sentence, ASKING_EN)
         || has_any(sentence, ASKING_ZH)
-        || (has_any(sentence, &["我可以", "我能"]) && sentence.contains('吗'))
+        || (has_any(sentence, ASKS_ZH_WITH_MA) && sentence.contains('吗'))
 }
+
+/// "May I …" in Chinese, with a "吗" anywhere in the sentence.
+const ASKS_ZH_WITH_MA: &[&str] = &["我可以", "我能"];
 
 /// Whether the closing paragraph asks the user something the agent waits
 /// for (rules 1–4 of the module docs); `context` is the whole answer.
@@ -1146,8 +1157,45 @@ fn earlier_waits(paragraph: &str, context: &str) -> bool {
 /// Whether `text` asks the user something the agent waits for.
 pub fn looks_like_awaiting_user(text: &str) -> bool {
     let (closing, earlier) = split_closing(text);
+    if !may_wait(&closing, &earlier) {
+        return false;
+    }
+    waits(&closing, &earlier)
+}
+
+/// The rules themselves (see the module docs), on the answer's closing
+/// and the paragraphs before it.
+fn waits(closing: &str, earlier: &[String]) -> bool {
     let context = format!("{}\n{closing}", earlier.join("\n"));
-    closing_waits(&closing, &context) || earlier.iter().any(|p| earlier_waits(p, &context))
+    closing_waits(closing, &context) || earlier.iter().any(|p| earlier_waits(p, &context))
+}
+
+/// Whether some rule could find the answer waiting: each one needs a
+/// question mark or one of these phrases in the closing (or, for an
+/// earlier paragraph, a question mark). Most final answers have none, and
+/// finding that takes one pass over the closing instead of a search per
+/// phrase of every list (~23 000 instructions for "done" before).
+fn may_wait(closing: &str, earlier: &[String]) -> bool {
+    const QUESTION_MARKS: [char; 2] = ['?', '？'];
+    static TRIGGERS: LazyLock<Option<AhoCorasick>> = LazyLock::new(|| {
+        let phrases = [
+            WAITING,
+            ASKING_EN,
+            ASKING_ZH,
+            ASKS_ZH_WITH_MA,
+            REQUEST_STARTS,
+            REQUEST_ZH,
+            YOU_THEN_I_EN,
+            YOU_THEN_I_ZH,
+            BLOCKED,
+            QUESTION_STARTS,
+        ];
+        AhoCorasick::new(phrases.into_iter().flatten()).ok()
+    });
+    closing.contains(QUESTION_MARKS)
+        || earlier.iter().any(|p| p.contains(QUESTION_MARKS))
+        // No automaton (it cannot fail to build): the rules decide.
+        || TRIGGERS.as_ref().is_none_or(|t| t.is_match(closing))
 }
 
 /// The last question of the answer's closing paragraph, or its last
@@ -1284,5 +1332,43 @@ mod tests {
         assert!(!looks_like_awaiting_user(
             "You asked: shall I proceed?\n\nI proceeded: the migration ran on production and all 1 204 rows were updated."
         ));
+    }
+
+    /// Every answer of the labelled corpora and of these tests, read with
+    /// and without the pre-check: the same verdict.
+    #[test]
+    fn the_pre_check_never_hides_what_the_rules_find() {
+        let corpora = [
+            include_str!("../../../rein/tests/data/awaiting_user.jsonl"),
+            include_str!("../../../rein/tests/data/awaiting_user_heldout.jsonl"),
+        ];
+        let mut answers: Vec<String> = corpora
+            .iter()
+            .flat_map(|c| c.lines())
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["text"].as_str().map(str::to_owned))
+            .collect();
+        assert!(answers.len() > 600, "{}", answers.len());
+        answers.extend(
+            [
+                "done",
+                "Shall I?",
+                "Paste it here",
+                "which branch",
+                "我可以继续吗",
+            ]
+            .map(String::from),
+        );
+        let mut waiting = 0;
+        for answer in &answers {
+            let (closing, earlier) = split_closing(answer);
+            let found = waits(&closing, &earlier);
+            assert_eq!(looks_like_awaiting_user(answer), found, "{answer}");
+            if found {
+                assert!(may_wait(&closing, &earlier), "{answer}");
+                waiting += 1;
+            }
+        }
+        assert!(waiting > 200, "{waiting}");
     }
 }

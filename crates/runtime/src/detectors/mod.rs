@@ -84,19 +84,43 @@ pub enum Verdict {
 /// A detector's place on its ladder: each detection takes the next step.
 #[derive(Debug, Clone)]
 struct Escalation {
-    ladder: Ladder,
+    steps: Steps,
     fired: u32,
     nudged: bool,
 }
 
+/// A detector's ladder: the one its condition's `on_detect` implies
+/// (nothing allocated: most detectors of most runs keep it), or one given.
+#[derive(Debug, Clone)]
+enum Steps {
+    OnDetect(OnDetect),
+    Ladder(Ladder),
+}
+
+impl Steps {
+    /// The action of the `n`th detection (from 1), as
+    /// [`Ladder::action`] of the ladder these steps are.
+    fn action(&self, n: u32) -> EscalationAction {
+        match self {
+            Self::OnDetect(OnDetect::NudgeThenStop) if n <= 1 => EscalationAction::Nudge,
+            Self::OnDetect(_) => EscalationAction::Stop,
+            Self::Ladder(ladder) => ladder.action(n),
+        }
+    }
+}
+
 impl Escalation {
     fn new(on_detect: OnDetect) -> Self {
-        Self::with_ladder(Ladder::from_on_detect(on_detect))
+        Self::with(Steps::OnDetect(on_detect))
     }
 
     fn with_ladder(ladder: Ladder) -> Self {
+        Self::with(Steps::Ladder(ladder))
+    }
+
+    fn with(steps: Steps) -> Self {
         Self {
-            ladder,
+            steps,
             fired: 0,
             nudged: false,
         }
@@ -106,7 +130,7 @@ impl Escalation {
     /// detail says whether a nudge came first.
     fn fire(&mut self, code: &str, detail: String, nudge: &str) -> Verdict {
         self.fired = self.fired.saturating_add(1);
-        match self.ladder.action(self.fired) {
+        match self.steps.action(self.fired) {
             EscalationAction::Warn => Verdict::Warn(StoppedReason::new(code, detail)),
             EscalationAction::Nudge => {
                 self.nudged = true;
@@ -718,5 +742,24 @@ impl Detectors {
         admit: impl Fn(&Verdict) -> bool,
     ) -> Option<Verdict> {
         self.0.as_mut()?.observe_tool_results(records, admit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_on_detect_acts_as_the_ladder_it_implies() {
+        for on_detect in [OnDetect::Stop, OnDetect::NudgeThenStop] {
+            let ladder = Ladder::from_on_detect(on_detect);
+            for n in 0..=6 {
+                assert_eq!(
+                    Steps::OnDetect(on_detect).action(n),
+                    ladder.action(n),
+                    "{on_detect:?}, detection {n}"
+                );
+            }
+        }
     }
 }
