@@ -3,10 +3,12 @@
 //! A run loads its thread's history when it starts, appends its input at
 //! once, appends each finished round, and appends the repaired tail when it
 //! ends. A store that says it does not want each round
-//! ([`ThreadStore::stores_each_round`], the in-memory store) gets a run's
-//! messages once, moved in when the run ends (or parks). Only the run
-//! holding a thread's slot writes to that thread, so a store needs no
-//! cross-run coordination.
+//! ([`ThreadStore::stores_each_round`]) gets a run's messages once, moved
+//! in when the run ends (or parks). A store that keeps histories in memory
+//! can instead lend the run the thread's own vector ([`ThreadStore::lend`],
+//! the in-memory store): the run appends to it in place and shows each
+//! finished round to readers. Only the run holding a thread's slot writes
+//! to that thread, so a store needs no cross-run coordination.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

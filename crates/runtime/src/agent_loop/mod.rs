@@ -536,8 +536,9 @@ impl Run {
     }
 
     /// Marks the history so far as finished rounds, storing it if the store
-    /// takes each round as it ends ([`persist`](Self::persist)); otherwise
-    /// it waits for [`hand_over`](Self::hand_over).
+    /// takes each round as it ends, or showing it if the store lent it
+    /// ([`persist`](Self::persist)); otherwise it waits for
+    /// [`hand_over`](Self::hand_over).
     async fn persist_round(&mut self) -> Result<(), TerminationReason> {
         if self.store.stores_each_round() || self.lease.is_some() {
             return self.persist().await;
@@ -547,8 +548,8 @@ impl Run {
     }
 
     /// At the run's end: gives the store what it does not have yet, moved
-    /// out of the history when the run holds it alone (a copy otherwise).
-    /// The history is left empty.
+    /// out of the history when the run holds it alone (a copy otherwise);
+    /// a history the store lent goes back whole. The history is left empty.
     async fn hand_over(&mut self) -> Result<(), TerminationReason> {
         if let Some(lease) = self.lease.take() {
             lease.give_back(std::mem::take(&mut self.request.messages));
