@@ -658,6 +658,15 @@ impl AgentRuntimeBuilder {
                     agent_id: spec.id.clone(),
                     message,
                 })?;
+            // Its phrase automaton is built now, not in a run's final answer.
+            if spec.stop_conditions.iter().any(|c| {
+                matches!(
+                    c,
+                    rein_runtime_contract::lifecycle::StopConditionSpec::AwaitingUser { .. }
+                )
+            }) {
+                crate::detectors::awaiting_user::prepare();
+            }
             let agent = Agent {
                 gate,
                 hidden: hidden.contains(&spec.id),

@@ -1170,6 +1170,31 @@ fn waits(closing: &str, earlier: &[String]) -> bool {
     closing_waits(closing, &context) || earlier.iter().any(|p| earlier_waits(p, &context))
 }
 
+/// The phrases of [`may_wait`], in one automaton (built once per process,
+/// ~1 ms: see [`prepare`]).
+static TRIGGERS: LazyLock<Option<AhoCorasick>> = LazyLock::new(|| {
+    let phrases = [
+        WAITING,
+        ASKING_EN,
+        ASKING_ZH,
+        ASKS_ZH_WITH_MA,
+        REQUEST_STARTS,
+        REQUEST_ZH,
+        YOU_THEN_I_EN,
+        YOU_THEN_I_ZH,
+        BLOCKED,
+        QUESTION_STARTS,
+    ];
+    AhoCorasick::new(phrases.into_iter().flatten()).ok()
+});
+
+/// Builds what reading an answer needs, so that a runtime with an
+/// `awaiting_user` agent pays for it when it is built, not in its first
+/// run's final answer.
+pub(crate) fn prepare() {
+    LazyLock::force(&TRIGGERS);
+}
+
 /// Whether some rule could find the answer waiting: each one needs a
 /// question mark or one of these phrases in the closing (or, for an
 /// earlier paragraph, a question mark). Most final answers have none, and
@@ -1177,21 +1202,6 @@ fn waits(closing: &str, earlier: &[String]) -> bool {
 /// phrase of every list (~23 000 instructions for "done" before).
 fn may_wait(closing: &str, earlier: &[String]) -> bool {
     const QUESTION_MARKS: [char; 2] = ['?', '？'];
-    static TRIGGERS: LazyLock<Option<AhoCorasick>> = LazyLock::new(|| {
-        let phrases = [
-            WAITING,
-            ASKING_EN,
-            ASKING_ZH,
-            ASKS_ZH_WITH_MA,
-            REQUEST_STARTS,
-            REQUEST_ZH,
-            YOU_THEN_I_EN,
-            YOU_THEN_I_ZH,
-            BLOCKED,
-            QUESTION_STARTS,
-        ];
-        AhoCorasick::new(phrases.into_iter().flatten()).ok()
-    });
     closing.contains(QUESTION_MARKS)
         || earlier.iter().any(|p| p.contains(QUESTION_MARKS))
         // No automaton (it cannot fail to build): the rules decide.

@@ -31,7 +31,7 @@
 //! same rules can watch streams outside a run (and be benchmarked); inside a
 //! run, list the matching `StopConditionSpec` instead.
 
-mod awaiting_user;
+pub(crate) mod awaiting_user;
 mod chanting;
 pub(crate) mod model_checks;
 mod progress;
