@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
 use rein_runtime_contract::message::Message;
 
 /// A failed store operation.
@@ -215,8 +216,18 @@ impl Slot {
         }
     }
 
+    /// Runs `write` on the thread's own messages ([`own`](Self::own)),
+    /// all of which readers see then.
+    fn write(&mut self, write: impl FnOnce(&mut Vec<Message>)) {
+        let own = self.own();
+        write(own);
+        self.shown = own.len();
+    }
+
     fn shown(&self) -> &[Message] {
-        self.history.as_deref().map_or(&[], |h| &h[..self.shown])
+        self.history
+            .as_deref()
+            .map_or(&[], |h| &h[..self.shown.min(h.len())])
     }
 
     /// The thread's own messages, to write to. A loan is called off: the
@@ -229,6 +240,9 @@ impl Slot {
             None => self.shown,
         };
         let history = self.history.get_or_insert_with(Default::default);
+        // (Never more than it has: a borrower's edit that panicked
+        // mid-way leaves no vector at all.)
+        let keep = keep.min(history.len());
         if Arc::get_mut(history).is_none() {
             *history = Arc::new(history[..keep].to_vec());
         }
@@ -257,9 +271,7 @@ impl InMemoryThreadStore {
             Some(slot) => slot,
             None => self.threads.entry(thread_id.to_owned()).or_default(),
         };
-        let own = slot.own();
-        write(own);
-        slot.shown = own.len();
+        slot.write(write);
     }
 }
 
@@ -288,22 +300,28 @@ impl ThreadStore for InMemoryThreadStore {
         if messages.is_empty() {
             return Ok(());
         }
-        if !self.threads.contains_key(thread_id) {
-            // A new thread keeps the run's own vector (its spare room given
-            // back).
-            messages.shrink_to_fit();
-            self.threads
-                .insert(thread_id.to_owned(), Slot::holding(messages));
-            return Ok(());
-        }
-        self.write(thread_id, |history| {
+        /// `messages` after `history` (taken whole when it is empty).
+        fn join(history: &mut Vec<Message>, mut messages: Vec<Message>) {
             if history.is_empty() {
                 messages.shrink_to_fit();
                 *history = messages;
             } else {
                 history.append(&mut messages);
             }
-        });
+        }
+        if let Some(mut slot) = self.threads.get_mut(thread_id) {
+            slot.write(|history| join(history, messages));
+            return Ok(());
+        }
+        match self.threads.entry(thread_id.to_owned()) {
+            Entry::Occupied(mut slot) => slot.get_mut().write(|history| join(history, messages)),
+            // A new thread keeps the run's own vector (its spare room given
+            // back).
+            Entry::Vacant(slot) => {
+                messages.shrink_to_fit();
+                slot.insert(Slot::holding(messages));
+            }
+        }
         Ok(())
     }
 
@@ -405,10 +423,10 @@ impl LentHistory for Lease {
             Ok(mut history) => history.split_off(from),
             Err(shared) => shared[from..].to_vec(),
         };
-        let mut slot = self.threads.entry(self.thread_id.clone()).or_default();
-        let own = slot.own();
-        own.extend(new);
-        slot.shown = own.len();
+        self.threads
+            .entry(self.thread_id.clone())
+            .or_default()
+            .write(|own| own.extend(new));
     }
 }
 
@@ -603,5 +621,29 @@ mod tests {
         );
         let (history, _lease) = borrow(&store);
         assert_eq!(history.len(), 4);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_first_writes_to_a_new_thread_lose_nothing() {
+        for round in 0..500 {
+            let store = InMemoryThreadStore::new();
+            let writers: Vec<_> = (0..4)
+                .map(|k| {
+                    let store = store.clone();
+                    tokio::spawn(async move {
+                        let message = Message::user(format!("w{k}"));
+                        if k % 2 == 0 {
+                            store.append_owned("t", vec![message]).await
+                        } else {
+                            store.append("t", &[message]).await
+                        }
+                    })
+                })
+                .collect();
+            for writer in writers {
+                writer.await.unwrap().unwrap();
+            }
+            assert_eq!(store.load("t").await.unwrap().len(), 4, "round {round}");
+        }
     }
 }
