@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
-use dashmap::mapref::entry::Entry;
 use rein_runtime_contract::message::Message;
 
 /// A failed store operation.
@@ -300,28 +299,16 @@ impl ThreadStore for InMemoryThreadStore {
         if messages.is_empty() {
             return Ok(());
         }
-        /// `messages` after `history` (taken whole when it is empty).
-        fn join(history: &mut Vec<Message>, mut messages: Vec<Message>) {
+        self.write(thread_id, |history| {
             if history.is_empty() {
+                // A new or emptied thread keeps the run's own vector (its
+                // spare room given back).
                 messages.shrink_to_fit();
                 *history = messages;
             } else {
                 history.append(&mut messages);
             }
-        }
-        if let Some(mut slot) = self.threads.get_mut(thread_id) {
-            slot.write(|history| join(history, messages));
-            return Ok(());
-        }
-        match self.threads.entry(thread_id.to_owned()) {
-            Entry::Occupied(mut slot) => slot.get_mut().write(|history| join(history, messages)),
-            // A new thread keeps the run's own vector (its spare room given
-            // back).
-            Entry::Vacant(slot) => {
-                messages.shrink_to_fit();
-                slot.insert(Slot::holding(messages));
-            }
-        }
+        });
         Ok(())
     }
 
@@ -337,8 +324,8 @@ impl ThreadStore for InMemoryThreadStore {
             return None;
         }
         let from = slot.shown;
-        let history = slot.own();
-        history.truncate(from);
+        // Cuts off what a borrower that vanished left unshown.
+        slot.own();
         let loan = Loan {
             id: self.loans.fetch_add(1, Ordering::Relaxed),
             from,
