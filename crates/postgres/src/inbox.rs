@@ -140,36 +140,17 @@ async fn insert(pool: &PgPool, rows: &[Row]) -> Result<HashSet<String>, sqlx::Er
     let keys: Vec<Option<String>> = rows.iter().map(|r| r.idempotency_key.clone()).collect();
     let interrupts: Vec<bool> = rows.iter().map(|r| r.interrupt).collect();
     let notify: Vec<bool> = rows.iter().map(|r| r.notify).collect();
-    let inserted: Vec<String> = sqlx::query_scalar(
-        "WITH input AS (
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::text[], $8::text[])
-                 WITH ORDINALITY AS s(run_id, thread_id, agent_id, interrupt, idempotency_key, messages, auto, ord)
-         ),
-         ins AS (
-             INSERT INTO rein_runs (run_id, thread_id, agent_id, interrupt, idempotency_key, messages, auto)
-             SELECT run_id, thread_id, agent_id, interrupt, idempotency_key, messages::jsonb, auto::jsonb
-             FROM input ORDER BY ord
-             ON CONFLICT DO NOTHING
-             RETURNING run_id, thread_id, interrupt
-         ),
-         woken AS (
-             SELECT pg_notify('rein_work', (CASE WHEN bool_or(ins.interrupt) THEN 'i:' ELSE 'e:' END) || ins.thread_id)
-             FROM ins JOIN unnest($1::text[], $7::bool[]) AS n(run_id, notify) USING (run_id)
-             WHERE n.notify
-             GROUP BY ins.thread_id
-         )
-         SELECT run_id FROM ins, (SELECT count(*) FROM woken) AS w",
-    )
-    .bind(column(|r| r.run_id.clone()))
-    .bind(column(|r| r.thread_id.clone()))
-    .bind(column(|r| r.agent_id.clone()))
-    .bind(interrupts)
-    .bind(keys)
-    .bind(column(|r| r.messages.clone()))
-    .bind(notify)
-    .bind(rows.iter().map(|r| r.auto.clone()).collect::<Vec<_>>())
-    .fetch_all(pool)
-    .await?;
+    let inserted: Vec<String> = sqlx::query_scalar(SUBMIT)
+        .bind(column(|r| r.run_id.clone()))
+        .bind(column(|r| r.thread_id.clone()))
+        .bind(column(|r| r.agent_id.clone()))
+        .bind(interrupts)
+        .bind(keys)
+        .bind(column(|r| r.messages.clone()))
+        .bind(notify)
+        .bind(rows.iter().map(|r| r.auto.clone()).collect::<Vec<_>>())
+        .fetch_all(pool)
+        .await?;
     Ok(inserted.into_iter().collect())
 }
 
@@ -211,3 +192,23 @@ async fn not_inserted(
     }
     Ok(SubmitOutcome::RunIdTaken)
 }
+
+/// The statement that inserts submissions (`insert`).
+pub(crate) const SUBMIT: &str = "WITH input AS (
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::text[], $8::text[])
+                 WITH ORDINALITY AS s(run_id, thread_id, agent_id, interrupt, idempotency_key, messages, auto, ord)
+         ),
+         ins AS (
+             INSERT INTO rein_runs (run_id, thread_id, agent_id, interrupt, idempotency_key, messages, auto)
+             SELECT run_id, thread_id, agent_id, interrupt, idempotency_key, messages::jsonb, auto::jsonb
+             FROM input ORDER BY ord
+             ON CONFLICT DO NOTHING
+             RETURNING run_id, thread_id, interrupt
+         ),
+         woken AS (
+             SELECT pg_notify('rein_work', (CASE WHEN bool_or(ins.interrupt) THEN 'i:' ELSE 'e:' END) || ins.thread_id)
+             FROM ins JOIN unnest($1::text[], $7::bool[]) AS n(run_id, notify) USING (run_id)
+             WHERE n.notify
+             GROUP BY ins.thread_id
+         )
+         SELECT run_id FROM ins, (SELECT count(*) FROM woken) AS w";

@@ -91,31 +91,12 @@ impl Leases {
     /// One statement: dropped after its commit, the lease is taken but not
     /// recorded here; it expires on its own (it is not renewed).
     pub async fn acquire(&self, thread_id: &str) -> Result<Option<i64>, sqlx::Error> {
-        let row: Option<(i64, bool)> = sqlx::query_as(
-            "WITH previous AS (
-                 SELECT owner IS NOT NULL AND owner <> $2 AND lease_until < now() AS lost
-                 FROM rein_threads WHERE thread_id = $1
-             )
-             INSERT INTO rein_threads (thread_id, owner, fence, lease_until)
-             VALUES ($1, $2, 1, now() + make_interval(secs => $3))
-             ON CONFLICT (thread_id) DO UPDATE SET
-                 fence = CASE
-                     WHEN rein_threads.owner = EXCLUDED.owner AND rein_threads.lease_until > now()
-                         THEN rein_threads.fence
-                     ELSE rein_threads.fence + 1
-                 END,
-                 owner = EXCLUDED.owner,
-                 lease_until = EXCLUDED.lease_until
-             WHERE rein_threads.owner IS NULL
-                OR rein_threads.owner = EXCLUDED.owner
-                OR rein_threads.lease_until < now()
-             RETURNING fence, COALESCE((SELECT lost FROM previous), false)",
-        )
-        .bind(thread_id)
-        .bind(&self.owner)
-        .bind(self.lease.as_secs_f64())
-        .fetch_optional(&self.pool)
-        .await?;
+        let row: Option<(i64, bool)> = sqlx::query_as(ACQUIRE)
+            .bind(thread_id)
+            .bind(&self.owner)
+            .bind(self.lease.as_secs_f64())
+            .fetch_optional(&self.pool)
+            .await?;
         match row {
             Some((fence, lost)) => {
                 if lost {
@@ -202,19 +183,12 @@ impl Leases {
         let Some((_, fence)) = self.held.remove(thread_id) else {
             return Ok(());
         };
-        sqlx::query(
-            "WITH up AS (
-                 UPDATE rein_threads SET owner = NULL, lease_until = NULL
-                 WHERE thread_id = $1 AND owner = $2 AND fence = $3
-                 RETURNING thread_id
-             )
-             SELECT pg_notify('rein_work', 'r:' || thread_id) FROM up",
-        )
-        .bind(thread_id)
-        .bind(&self.owner)
-        .bind(fence)
-        .execute(&self.pool)
-        .await?;
+        sqlx::query(RELEASE)
+            .bind(thread_id)
+            .bind(&self.owner)
+            .bind(fence)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -244,3 +218,31 @@ impl Leases {
         self.held.get(thread_id).map(|f| *f)
     }
 }
+
+/// [`Leases::acquire`]'s statement.
+pub(crate) const ACQUIRE: &str = "WITH previous AS (
+                 SELECT owner IS NOT NULL AND owner <> $2 AND lease_until < now() AS lost
+                 FROM rein_threads WHERE thread_id = $1
+             )
+             INSERT INTO rein_threads (thread_id, owner, fence, lease_until)
+             VALUES ($1, $2, 1, now() + make_interval(secs => $3))
+             ON CONFLICT (thread_id) DO UPDATE SET
+                 fence = CASE
+                     WHEN rein_threads.owner = EXCLUDED.owner AND rein_threads.lease_until > now()
+                         THEN rein_threads.fence
+                     ELSE rein_threads.fence + 1
+                 END,
+                 owner = EXCLUDED.owner,
+                 lease_until = EXCLUDED.lease_until
+             WHERE rein_threads.owner IS NULL
+                OR rein_threads.owner = EXCLUDED.owner
+                OR rein_threads.lease_until < now()
+             RETURNING fence, COALESCE((SELECT lost FROM previous), false)";
+
+/// [`Leases::release`]'s statement.
+pub(crate) const RELEASE: &str = "WITH up AS (
+                 UPDATE rein_threads SET owner = NULL, lease_until = NULL
+                 WHERE thread_id = $1 AND owner = $2 AND fence = $3
+                 RETURNING thread_id
+             )
+             SELECT pg_notify('rein_work', 'r:' || thread_id) FROM up";

@@ -48,6 +48,7 @@ mod nul;
 mod retry;
 mod runs;
 mod store;
+mod warm;
 
 pub use artifacts::PgArtifactStore;
 pub use database::Database;
@@ -85,6 +86,10 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 ///
 /// Dropped midway, no pool is returned; each migration is its own
 /// transaction, so the schema is at one of its versions.
+///
+/// Each of the pool's connections is warmed as it opens: its server
+/// process plans Rein's tables and the statements of every run's path
+/// before a request uses it (see `warm.rs`); four are kept open.
 pub async fn connect(url: &str) -> Result<PgPool, sqlx::Error> {
     // Rein's statements are few and prepared once per connection; a
     // generic plan saves re-planning the array-valued ones (the inbox's
@@ -92,96 +97,28 @@ pub async fn connect(url: &str) -> Result<PgPool, sqlx::Error> {
     let options = url
         .parse::<PgConnectOptions>()?
         .options([("plan_cache_mode", "force_generic_plan")]);
+    // The schema first, on a connection of its own: each of the pool's
+    // connections warms up on Rein's tables and statements as it opens
+    // (`warm`), so they must exist by then.
+    let schema = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.clone())
+        .await?;
+    MIGRATOR.run(&schema).await?;
+    schema.close().await;
     let pool = PgPoolOptions::new()
         .max_connections(16)
         .min_connections(MIN_CONNECTIONS)
-        .after_connect(|conn, _| Box::pin(warm_up_logged(conn)))
+        .after_connect(|conn, _| Box::pin(warm::warm_up_logged(conn)))
         .acquire_timeout(Duration::from_secs(10))
         // No ping before each use (a round trip per statement): a dead
         // connection fails its statement, which the callers retry.
         .test_before_acquire(false)
         .connect_with(options)
         .await?;
-    MIGRATOR.run(&pool).await?;
     Ok(pool)
 }
 
 /// Connections a pool keeps open, idle or not: opened in the background
 /// when the pool starts, so a request does not wait for one.
 const MIN_CONNECTIONS: u32 = 4;
-
-/// Plans a query on each of Rein's tables in a new connection, so its
-/// server process has loaded their catalog entries (the tables and their
-/// indexes) before a request needs them: a cold process took ~1–2.5 ms per
-/// statement the first time, and a cross-process cancel on cold
-/// connections up to 12–25 ms (docs/performance.md, W8). Returns how many
-/// tables it planned (none before the first migration).
-async fn warm_up(conn: &mut sqlx::PgConnection) -> Result<usize, sqlx::Error> {
-    let tables: Vec<String> = sqlx::query_scalar(
-        r"SELECT c.relname::text FROM pg_class c
-          WHERE c.relkind = 'r' AND c.relname LIKE 'rein\_%'
-            AND c.relnamespace = current_schema()::regnamespace",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
-    if tables.is_empty() {
-        return Ok(0);
-    }
-    // One round trip; the names are Rein's own (`rein_` and letters).
-    let plans: String = tables
-        .iter()
-        .map(|t| format!("SELECT 1 FROM \"{t}\" LIMIT 0;"))
-        .collect();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(plans))
-        .execute(&mut *conn)
-        .await?;
-    Ok(tables.len())
-}
-
-/// [`warm_up`] for the pool: a failure is logged, not fatal (the
-/// connection works, only cold).
-async fn warm_up_logged(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
-    if let Err(error) = warm_up(conn).await {
-        tracing::warn!(%error, "could not warm a new database connection");
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
-    /// The tables Rein's migrations create.
-    fn migrated_tables() -> std::collections::BTreeSet<String> {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
-        let mut tables = std::collections::BTreeSet::new();
-        for file in std::fs::read_dir(dir).unwrap() {
-            let sql = std::fs::read_to_string(file.unwrap().path()).unwrap();
-            let mut rest = sql.as_str();
-            while let Some(at) = rest.find("CREATE TABLE IF NOT EXISTS ") {
-                rest = &rest[at + "CREATE TABLE IF NOT EXISTS ".len()..];
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                tables.insert(name);
-            }
-        }
-        tables
-    }
-
-    #[tokio::test]
-    async fn a_new_connection_has_planned_a_query_on_every_table_the_migrations_create() {
-        let Some(url) = std::env::var("REIN_DATABASE_URL")
-            .ok()
-            .filter(|u| !u.is_empty())
-        else {
-            eprintln!("PostgreSQL tests skipped: REIN_DATABASE_URL is not set");
-            return;
-        };
-        let pool = super::connect(&url).await.unwrap();
-        let mut conn = pool.acquire().await.unwrap();
-        let tables = migrated_tables();
-        assert!(tables.len() >= 13, "{tables:?}");
-        assert_eq!(super::warm_up(&mut conn).await.unwrap(), tables.len());
-    }
-}

@@ -86,32 +86,14 @@ impl PgThreadStore {
         // The upsert locks the thread's row until commit, so the fence
         // cannot change under the write. One snapshot: with `replace`, the
         // new rows number on from the old ones they replace.
-        let current: i64 = sqlx::query_scalar(
-            "WITH t AS (
-                 INSERT INTO rein_threads (thread_id) VALUES ($1)
-                 ON CONFLICT (thread_id) DO UPDATE SET fence = rein_threads.fence
-                 RETURNING fence
-             ),
-             ok AS (SELECT 1 FROM t WHERE $2::bigint IS NULL OR t.fence = $2),
-             del AS (
-                 DELETE FROM rein_messages WHERE $3 AND thread_id = $1 AND EXISTS (SELECT 1 FROM ok)
-             ),
-             ins AS (
-                 INSERT INTO rein_messages (thread_id, seq, message)
-                 SELECT $1, base.n + m.ord, m.message
-                 FROM (SELECT COALESCE(MAX(seq), 0) AS n FROM rein_messages WHERE thread_id = $1) AS base,
-                      unnest($4::jsonb[]) WITH ORDINALITY AS m(message, ord)
-                 WHERE EXISTS (SELECT 1 FROM ok)
-             )
-             SELECT fence FROM t",
-        )
-        .bind(thread_id)
-        .bind(fence)
-        .bind(replace)
-        .bind(&json)
-        .fetch_one(&self.pool)
-        .await
-        .inspect_err(|_| self.forget(thread_id))?;
+        let current: i64 = sqlx::query_scalar(APPEND)
+            .bind(thread_id)
+            .bind(fence)
+            .bind(replace)
+            .bind(&json)
+            .fetch_one(&self.pool)
+            .await
+            .inspect_err(|_| self.forget(thread_id))?;
         if let (Some(held), Some(leases)) = (fence, &self.leases) {
             if held != current {
                 self.forget(thread_id);
@@ -275,13 +257,11 @@ impl ThreadStore for PgThreadStore {
         {
             return Ok(kept.1.clone());
         }
-        let rows: Vec<serde_json::Value> = sqlx::query_scalar(
-            "SELECT message FROM rein_messages WHERE thread_id = $1 ORDER BY seq",
-        )
-        .bind(thread_id)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| ThreadStoreError::new(thread_id, e.to_string()))?;
+        let rows: Vec<serde_json::Value> = sqlx::query_scalar(LOAD)
+            .bind(thread_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| ThreadStoreError::new(thread_id, e.to_string()))?;
         let history: Vec<Message> = rows
             .into_iter()
             .map(|row| {
@@ -316,3 +296,25 @@ impl ThreadStore for PgThreadStore {
         self.replace(thread_id, &[]).await
     }
 }
+
+/// The statement that appends to (or replaces) a thread's stored history.
+pub(crate) const APPEND: &str = "WITH t AS (
+                 INSERT INTO rein_threads (thread_id) VALUES ($1)
+                 ON CONFLICT (thread_id) DO UPDATE SET fence = rein_threads.fence
+                 RETURNING fence
+             ),
+             ok AS (SELECT 1 FROM t WHERE $2::bigint IS NULL OR t.fence = $2),
+             del AS (
+                 DELETE FROM rein_messages WHERE $3 AND thread_id = $1 AND EXISTS (SELECT 1 FROM ok)
+             ),
+             ins AS (
+                 INSERT INTO rein_messages (thread_id, seq, message)
+                 SELECT $1, base.n + m.ord, m.message
+                 FROM (SELECT COALESCE(MAX(seq), 0) AS n FROM rein_messages WHERE thread_id = $1) AS base,
+                      unnest($4::jsonb[]) WITH ORDINALITY AS m(message, ord)
+                 WHERE EXISTS (SELECT 1 FROM ok)
+             )
+             SELECT fence FROM t";
+
+/// The statement that loads a thread's stored history.
+pub(crate) const LOAD: &str = "SELECT message FROM rein_messages WHERE thread_id = $1 ORDER BY seq";

@@ -914,6 +914,22 @@ async fn a_parked_run_no_process_holds_ends_on_its_timeout_a_cancel_or_new_input
     );
     assert_valid(&Value::Array(history(&a, &t).await));
 
+    // So does a thread's cancel on another process: the run it answers
+    // for is parked, so that process takes the thread to end it, and
+    // answers once it has.
+    let t = thread("park-thread-cancel");
+    let run = a.submit(&t, "ops", "finish", "interrupt").await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    parked_call(&a, &run_id).await;
+    released(&db, &t, &run_id).await;
+    assert_eq!(
+        b.post(&format!("/v1/threads/{t}/cancel"), json!({})).await,
+        (200, json!({"cancelled": true, "released": true}))
+    );
+    let record = a.finished(&run_id, Duration::from_secs(5)).await;
+    assert_eq!(record["termination"]["type"], "cancelled", "{record}");
+    assert_valid(&Value::Array(history(&a, &t).await));
+
     // New input (`interrupt`) supersedes it, then runs.
     let t = thread("park-interrupt");
     let run = a.submit(&t, "ops", "finish", "interrupt").await;

@@ -266,29 +266,13 @@ impl PgRuns {
         let Some(fence) = self.fence(thread_id) else {
             return Ok(None);
         };
-        let row: Option<ClaimedRow> = sqlx::query_as(fenced!(
-            "next AS (
-                 SELECT run_id FROM rein_runs
-                 WHERE thread_id = $1 AND status = 'queued' AND ($4 = false OR interrupt)
-                   AND EXISTS (SELECT 1 FROM fence)
-                   AND ($4 OR NOT EXISTS (SELECT 1 FROM rein_runs p
-                                          WHERE p.thread_id = $1 AND p.status = 'running'
-                                            AND p.parked_calls IS NOT NULL))
-                 ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED
-             )
-             UPDATE rein_runs AS r SET status = 'running', started_at = now(), worker = $3
-             FROM next WHERE r.run_id = next.run_id
-             RETURNING r.run_id, r.agent_id, r.messages, r.cancel_requested, r.auto,
-                       (SELECT jsonb_build_object('run_mode', t.run_mode, 'policy', t.policy,
-                                                  'policy_set', t.policy_set, 'tokens', t.tokens)
-                        FROM rein_thread_auto t WHERE t.thread_id = r.thread_id)"
-        ))
-        .bind(thread_id)
-        .bind(fence)
-        .bind(self.leases.owner())
-        .bind(interrupting_only)
-        .fetch_optional(&self.pool)
-        .await?;
+        let row: Option<ClaimedRow> = sqlx::query_as(CLAIM)
+            .bind(thread_id)
+            .bind(fence)
+            .bind(self.leases.owner())
+            .bind(interrupting_only)
+            .fetch_optional(&self.pool)
+            .await?;
         Ok(row.map(Claimed::from_row))
     }
 
@@ -313,19 +297,16 @@ impl PgRuns {
             return Ok(false);
         };
         let (seqs, kinds, datas) = columns(events);
-        let written: i64 = sqlx::query_scalar(fenced_events!(
-            "
-             SELECT (SELECT count(*) FROM fence) FROM (SELECT pg_notify('rein_events', 'e:' || $4)) AS n"
-        ))
-        .bind(thread_id)
-        .bind(fence)
-        .bind(self.leases.owner())
-        .bind(run_id)
-        .bind(&seqs)
-        .bind(&kinds)
-        .bind(&datas)
-        .fetch_one(&self.pool)
-        .await?;
+        let written: i64 = sqlx::query_scalar(APPEND_EVENTS)
+            .bind(thread_id)
+            .bind(fence)
+            .bind(self.leases.owner())
+            .bind(run_id)
+            .bind(&seqs)
+            .bind(&kinds)
+            .bind(&datas)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(written > 0)
     }
 
@@ -352,27 +333,17 @@ impl PgRuns {
             return Ok(false);
         };
         let (seqs, kinds, datas) = columns(events);
-        let finished: i64 = sqlx::query_scalar(fenced_events!(
-            ",
-             up AS (
-                 UPDATE rein_runs SET status = 'finished', record = $8, finished_at = now()
-                 WHERE run_id = $4 AND thread_id = $1 AND status <> 'finished'
-                   AND EXISTS (SELECT 1 FROM fence)
-                 RETURNING 1
-             )
-             SELECT (SELECT count(*) FROM up) FROM (SELECT pg_notify('rein_events',
-                 CASE WHEN EXISTS (SELECT 1 FROM up) THEN 'f:' ELSE 'e:' END || $4)) AS n"
-        ))
-        .bind(thread_id)
-        .bind(fence)
-        .bind(self.leases.owner())
-        .bind(run_id)
-        .bind(&seqs)
-        .bind(&kinds)
-        .bind(&datas)
-        .bind(crate::nul::encode(record).as_ref())
-        .fetch_one(&self.pool)
-        .await?;
+        let finished: i64 = sqlx::query_scalar(FINISH)
+            .bind(thread_id)
+            .bind(fence)
+            .bind(self.leases.owner())
+            .bind(run_id)
+            .bind(&seqs)
+            .bind(&kinds)
+            .bind(&datas)
+            .bind(crate::nul::encode(record).as_ref())
+            .fetch_one(&self.pool)
+            .await?;
         Ok(finished > 0)
     }
 
@@ -480,7 +451,11 @@ impl PgRuns {
 
     /// Asks the owner of the thread's running runs to cancel them, in one
     /// statement (as [`request_cancel`](Self::request_cancel) for each);
-    /// returns their ids.
+    /// returns their ids, each with whether the run was parked and
+    /// released ([`release_parked`](Self::release_parked)) when the request
+    /// was stored: such a run has no process to end it until one takes its
+    /// thread. A run that parks after the request sees it itself (its
+    /// process checks the thread for open work when it gives it up).
     ///
     /// # Errors
     ///
@@ -490,18 +465,14 @@ impl PgRuns {
     ///
     /// One statement: dropped before it answers, it may or may not have
     /// been committed; calling it again is safe.
-    pub async fn cancel_running(&self, thread_id: &str) -> Result<Vec<String>, sqlx::Error> {
-        sqlx::query_scalar(
-            "WITH up AS (
-                 UPDATE rein_runs SET cancel_requested = true
-                 WHERE thread_id = $1 AND status = 'running'
-                 RETURNING run_id
-             )
-             SELECT run_id FROM up, LATERAL (SELECT pg_notify('rein_cancel', 'run:' || run_id)) AS n",
-        )
-        .bind(thread_id)
-        .fetch_all(&self.pool)
-        .await
+    pub async fn cancel_running(
+        &self,
+        thread_id: &str,
+    ) -> Result<Vec<(String, bool)>, sqlx::Error> {
+        sqlx::query_as(CANCEL_RUNNING)
+            .bind(thread_id)
+            .fetch_all(&self.pool)
+            .await
     }
 
     /// The running runs of `threads` with a cancel request.
@@ -636,14 +607,10 @@ impl PgRuns {
         &self,
         thread_id: &str,
     ) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
-        sqlx::query_as(
-            "SELECT r.run_id, r.agent_id,
-                    COALESCE((SELECT MAX(seq) FROM rein_events e WHERE e.run_id = r.run_id), 0)
-             FROM rein_runs r WHERE r.thread_id = $1 AND r.status = 'running' ORDER BY r.seq",
-        )
-        .bind(thread_id)
-        .fetch_all(&self.pool)
-        .await
+        sqlx::query_as(RUNNING)
+            .bind(thread_id)
+            .fetch_all(&self.pool)
+            .await
     }
 
     /// The thread's runs this process claimed (`running` under its owner
@@ -712,15 +679,10 @@ impl PgRuns {
     ///
     /// Read-only: dropping it loses nothing.
     pub async fn has_open(&self, thread_id: &str) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar(concat!(
-            "SELECT EXISTS (SELECT 1 FROM rein_runs WHERE thread_id = $1 AND status <> 'finished')
-               AND NOT EXISTS (SELECT 1 FROM rein_runs w WHERE w.thread_id = $1 AND ",
-            waiting!("w"),
-            ")"
-        ))
-        .bind(thread_id)
-        .fetch_one(&self.pool)
-        .await
+        sqlx::query_scalar(HAS_OPEN)
+            .bind(thread_id)
+            .fetch_one(&self.pool)
+            .await
     }
 
     /// Forgets the thread's idempotency keys, client message ids and
@@ -776,3 +738,63 @@ fn columns(events: &[StoredEvent]) -> (Vec<i64>, Vec<&str>, Vec<&str>) {
         events.iter().map(|e| e.data.as_str()).collect(),
     )
 }
+
+/// [`PgRuns::claim`]'s statement.
+pub(crate) const CLAIM: &str = fenced!(
+    "next AS (
+                 SELECT run_id FROM rein_runs
+                 WHERE thread_id = $1 AND status = 'queued' AND ($4 = false OR interrupt)
+                   AND EXISTS (SELECT 1 FROM fence)
+                   AND ($4 OR NOT EXISTS (SELECT 1 FROM rein_runs p
+                                          WHERE p.thread_id = $1 AND p.status = 'running'
+                                            AND p.parked_calls IS NOT NULL))
+                 ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED
+             )
+             UPDATE rein_runs AS r SET status = 'running', started_at = now(), worker = $3
+             FROM next WHERE r.run_id = next.run_id
+             RETURNING r.run_id, r.agent_id, r.messages, r.cancel_requested, r.auto,
+                       (SELECT jsonb_build_object('run_mode', t.run_mode, 'policy', t.policy,
+                                                  'policy_set', t.policy_set, 'tokens', t.tokens)
+                        FROM rein_thread_auto t WHERE t.thread_id = r.thread_id)"
+);
+
+/// [`PgRuns::append_events`]'s statement.
+pub(crate) const APPEND_EVENTS: &str = fenced_events!(
+            "
+             SELECT (SELECT count(*) FROM fence) FROM (SELECT pg_notify('rein_events', 'e:' || $4)) AS n"
+        );
+
+/// [`PgRuns::finish`]'s statement.
+pub(crate) const FINISH: &str = fenced_events!(
+    ",
+             up AS (
+                 UPDATE rein_runs SET status = 'finished', record = $8, finished_at = now()
+                 WHERE run_id = $4 AND thread_id = $1 AND status <> 'finished'
+                   AND EXISTS (SELECT 1 FROM fence)
+                 RETURNING 1
+             )
+             SELECT (SELECT count(*) FROM up) FROM (SELECT pg_notify('rein_events',
+                 CASE WHEN EXISTS (SELECT 1 FROM up) THEN 'f:' ELSE 'e:' END || $4)) AS n"
+);
+
+/// [`PgRuns::cancel_running`]'s statement.
+pub(crate) const CANCEL_RUNNING: &str = "WITH up AS (
+                 UPDATE rein_runs SET cancel_requested = true
+                 WHERE thread_id = $1 AND status = 'running'
+                 RETURNING run_id, parked_calls IS NOT NULL AS parked
+             )
+             SELECT run_id, parked FROM up,
+                 LATERAL (SELECT pg_notify('rein_cancel', 'run:' || run_id)) AS n";
+
+/// [`PgRuns::running`]'s statement.
+pub(crate) const RUNNING: &str = "SELECT r.run_id, r.agent_id,
+                    COALESCE((SELECT MAX(seq) FROM rein_events e WHERE e.run_id = r.run_id), 0)
+             FROM rein_runs r WHERE r.thread_id = $1 AND r.status = 'running' ORDER BY r.seq";
+
+/// [`PgRuns::has_open`]'s statement.
+pub(crate) const HAS_OPEN: &str = concat!(
+    "SELECT EXISTS (SELECT 1 FROM rein_runs WHERE thread_id = $1 AND status <> 'finished')
+               AND NOT EXISTS (SELECT 1 FROM rein_runs w WHERE w.thread_id = $1 AND ",
+    waiting!("w"),
+    ")"
+);

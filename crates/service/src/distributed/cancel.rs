@@ -69,18 +69,24 @@ impl Distributed {
     pub(super) async fn cancel_thread_elsewhere(&self, thread_id: &str) -> (bool, bool) {
         let runs = self.db.runs();
         let mut changes = self.changes.subscribe();
-        let mut open = match runs.cancel_running(thread_id).await {
+        let running = match runs.cancel_running(thread_id).await {
             Ok(running) => running,
             Err(error) => {
                 tracing::warn!(%error, thread_id, "could not send the cancel request");
                 return (false, false);
             }
         };
-        if open.is_empty() {
+        if running.is_empty() {
             return (false, true);
         }
-        // A parked run no process holds ends once its thread is taken.
-        self.kick(thread_id, false, true).await;
+        // A parked run no process holds ends once its thread is taken. A
+        // run its process holds is ended by that process (notified on
+        // `rein_cancel`): taking its thread after it would be work for
+        // nothing, on the path every cross-process cancel waits on.
+        if running.iter().any(|(_, parked)| *parked) {
+            self.kick(thread_id, false, true).await;
+        }
+        let mut open: Vec<String> = running.into_iter().map(|(run_id, _)| run_id).collect();
         let deadline = tokio::time::Instant::now() + self.core.cancel_wait();
         loop {
             // Woken by a run's `f:` notification; on a timeout (or missed
