@@ -73,7 +73,8 @@ pub(crate) struct Directives {
     pub(crate) another_round: bool,
     /// A detector's `escalate` step: the run parks for a person before
     /// its next inference.
-    pub(crate) escalation: Option<rein_runtime_contract::lifecycle::StoppedReason>,
+    /// Boxed: a run that never escalates pays a pointer for it.
+    pub(crate) escalation: Option<Box<rein_runtime_contract::lifecycle::StoppedReason>>,
     /// Events built-in plugins report (`plan_updated`), sent once the
     /// phase's hooks have run.
     pub(crate) events: Vec<rein_runtime_contract::event::AgentEvent>,

@@ -411,22 +411,23 @@ impl Inner {
             release_when_parked: release_when_parked && root_run_id.is_none(),
         };
         let span = telemetry::run_span(&setup.agent.spec.id, &thread_id, &run_id);
-        let task_run_id = run_id.clone();
         let task_control = control.clone();
         let observers = self.observers.clone();
         // Boxed before the task captures it: the task's future holds a
         // pointer, not the setup, for as long as the run waits.
         let setup = Box::new(setup);
         let task = async move {
-            // The slot lives exactly as long as this task's future.
-            let _slot = slot;
-            let outcome = AssertUnwindSafe(CURRENT_RUN.scope(task_run_id.clone(), execute(setup)))
+            // The slot lives exactly as long as this task's future (moved
+            // in, not bound again: a binding would hold a second copy).
+            let _ = &slot;
+            let run_id = task_control.run_id.clone();
+            let outcome = AssertUnwindSafe(CURRENT_RUN.scope(run_id, execute(setup)))
                 .catch_unwind()
                 .await;
             let result = match outcome {
                 Ok(result) => result,
                 Err(payload) => {
-                    internal_failure(&task_control, &thread_id, &*sink, payload.as_ref())
+                    internal_failure(&task_control, &*sink, payload.as_ref())
                 }
             };
             // A run that let go while parked has not ended.
@@ -452,11 +453,10 @@ impl Inner {
 /// gets its one `RunFinished` — unless it already had it.
 fn internal_failure(
     control: &RunControl,
-    thread_id: &str,
     sink: &dyn EventSink,
     payload: &(dyn std::any::Any + Send),
 ) -> AgentRunResult {
-    let run_id = &*control.run_id;
+    let (run_id, thread_id) = (&*control.run_id, control.thread_id.as_str());
     let termination = TerminationReason::Error(format!(
         "internal error: the run loop panicked: {}",
         panic_message(payload)

@@ -90,7 +90,9 @@ impl Act for Acting<'_> {
             Verdict::Escalate(reason) => {
                 // Another round, after the person's decision.
                 self.directives.another_round = true;
-                self.directives.escalation.get_or_insert(reason.clone());
+                self.directives
+                    .escalation
+                    .get_or_insert_with(|| Box::new(reason.clone()));
                 (reason, "escalate")
             }
         };

@@ -433,6 +433,10 @@ impl Drop for DeadlineWatchdog {
     }
 }
 
+/// Below this many messages, [`Run::push_history`] grows the history by
+/// exactly what a round adds.
+const EXACT_GROWTH_BELOW: usize = 32;
+
 fn store_failed(e: ThreadStoreError) -> TerminationReason {
     TerminationReason::Error(e.to_string())
 }
@@ -459,8 +463,19 @@ impl Run {
         out.unwrap_or_default()
     }
 
+    /// Appends to the history. A short history grows by what the round
+    /// adds (the message, and the results its tool calls will add), not by
+    /// doubling: a run's suspended state is mostly its history, and a
+    /// doubled vector holds a third of it spare on average (W2's memory per
+    /// run). A long one doubles, so appending stays amortized O(1).
     fn push_history(&mut self, message: Message) {
-        self.edit_history(|history| history.push(message));
+        let needs = 1 + message.tool_calls.len();
+        self.edit_history(|history| {
+            if history.capacity() - history.len() < needs && history.len() < EXACT_GROWTH_BELOW {
+                history.reserve_exact(needs);
+            }
+            history.push(message);
+        });
     }
 
     /// Takes the thread's history: borrowed from the store when it lends
@@ -638,7 +653,7 @@ impl Run {
                 return self.cancelled_reason();
             }
             if let Some(reason) = self.directives.escalation.take() {
-                match Box::pin(self.escalate(reason)).await {
+                match Box::pin(self.escalate(*reason)).await {
                     Ok(Some(message)) => self.directives.user_messages.push(message),
                     // Nothing to tell the model after a final answer: it stands.
                     Ok(None) if self.answered() => return TerminationReason::NaturalEnd,
