@@ -11,9 +11,10 @@
 //! after its tool futures are finished or dropped, its history is repaired
 //! and `RunFinished` is emitted.
 //!
-//! Waiting uses a second `CancellationToken` (`released`) as a one-shot
-//! latch: `cancel()` is idempotent and `cancelled().await` cannot miss a
-//! `cancel()` that races with it, so no wake-up is lost.
+//! Waiting uses a one-shot [`Latch`] (`released`), held in the run's
+//! control block (no allocation of its own): opening it is idempotent, and
+//! a waiter registers before it checks, so an opening that races with the
+//! wait is never missed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -38,7 +39,7 @@ pub(crate) struct RunControl {
     pub(crate) thread_id: String,
     pub(crate) token: CancellationToken,
     cause: OnceLock<CancelCause>,
-    released: CancellationToken,
+    released: Latch,
     /// Set when the run's `RunFinished` is emitted, so that no path can
     /// emit a second one.
     finished: AtomicBool,
@@ -64,7 +65,7 @@ impl RunControl {
             thread_id,
             token,
             cause: OnceLock::new(),
-            released: CancellationToken::new(),
+            released: Latch::default(),
             finished: AtomicBool::new(false),
             calls: std::sync::Mutex::default(),
             family: OnceLock::new(),
@@ -167,11 +168,49 @@ impl RunControl {
     /// shape a real caller has. A task never spins either.
     pub(crate) async fn wait_released(&self, bound: Duration) -> bool {
         if self.is_current() {
-            return self.released.is_cancelled();
+            return self.released.is_open();
         }
-        tokio::time::timeout(bound, self.released.cancelled())
+        tokio::time::timeout(bound, self.released.opened())
             .await
             .is_ok()
+    }
+}
+
+/// A one-shot latch: once [`open`](Self::open), it stays open, and every
+/// waiter, earlier or later, returns.
+#[derive(Debug, Default)]
+struct Latch {
+    open: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Latch {
+    fn open(&self) {
+        self.open.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    fn is_open(&self) -> bool {
+        self.open.load(Ordering::SeqCst)
+    }
+
+    /// Returns once the latch is open.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it loses nothing: the latch stays open for the next wait.
+    async fn opened(&self) {
+        loop {
+            // Registered before the check: an `open` between the two
+            // wakes it.
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_open() {
+                return;
+            }
+            notified.await;
+        }
     }
 }
 
@@ -241,7 +280,7 @@ impl Drop for SlotGuard {
             .remove_if(&c.thread_id, |_, held| Arc::ptr_eq(held, c));
         self.registry.runs.remove(&c.run_id);
         // Open the latch last: a waiter that wakes finds the slot free.
-        c.released.cancel();
+        c.released.open();
     }
 }
 
@@ -302,6 +341,36 @@ mod tests {
             tokio::spawn(async move { drop(guard) });
             assert!(c.wait_released(Duration::from_secs(5)).await);
         });
+    }
+
+    #[test]
+    fn a_release_racing_with_its_waiters_wakes_every_one_of_them() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let reg = Arc::new(ActiveRunRegistry::default());
+        for i in 0..2_000 {
+            let c = control(&format!("r{i}"), &format!("t{i}"));
+            let guard = reg.acquire(c.clone()).unwrap();
+            let waiters: Vec<_> = (0..3)
+                .map(|_| {
+                    let c = c.clone();
+                    rt.spawn(async move { c.wait_released(Duration::from_secs(10)).await })
+                })
+                .collect();
+            // Released from another worker while the waiters register.
+            rt.spawn(async move { drop(guard) });
+            for waiter in waiters {
+                assert!(
+                    rt.block_on(waiter).unwrap(),
+                    "iteration {i}: a waiter missed the release"
+                );
+            }
+            // And a wait that starts after the release returns at once.
+            assert!(rt.block_on(c.wait_released(Duration::ZERO)));
+        }
     }
 
     #[test]

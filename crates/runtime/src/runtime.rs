@@ -426,9 +426,7 @@ impl Inner {
                 .await;
             let result = match outcome {
                 Ok(result) => result,
-                Err(payload) => {
-                    internal_failure(&task_control, &*sink, payload.as_ref())
-                }
+                Err(payload) => internal_failure(&task_control, &*sink, payload.as_ref()),
             };
             // A run that let go while parked has not ended.
             if task_control.has_let_go() {
