@@ -36,7 +36,7 @@ tokio::task_local! {
 #[derive(Debug)]
 pub(crate) struct RunControl {
     pub(crate) run_id: Arc<str>,
-    pub(crate) thread_id: String,
+    pub(crate) thread_id: Arc<str>,
     pub(crate) token: CancellationToken,
     cause: OnceLock<CancelCause>,
     released: Latch,
@@ -59,7 +59,7 @@ pub(crate) struct RunControl {
 }
 
 impl RunControl {
-    pub(crate) fn new(run_id: Arc<str>, thread_id: String, token: CancellationToken) -> Self {
+    pub(crate) fn new(run_id: Arc<str>, thread_id: Arc<str>, token: CancellationToken) -> Self {
         Self {
             run_id,
             thread_id,
@@ -217,7 +217,7 @@ impl Latch {
 /// The runs that currently hold a thread, by thread and by run id.
 #[derive(Debug, Default)]
 pub(crate) struct ActiveRunRegistry {
-    threads: DashMap<String, Arc<RunControl>>,
+    threads: DashMap<Arc<str>, Arc<RunControl>>,
     runs: DashMap<Arc<str>, Arc<RunControl>>,
 }
 

@@ -28,6 +28,8 @@ pub(crate) enum GuardItem {
 /// Everything one run of an agent needs, shared by all its runs.
 pub(crate) struct Agent {
     pub(crate) spec: AgentSpec,
+    /// `spec.id`, shared by the agent's runs (each names its agent).
+    pub(crate) id: Arc<str>,
     /// Made by the builder for a sub-agent entry with declared outputs;
     /// not listed among the runtime's agents.
     pub(crate) hidden: bool,

@@ -670,6 +670,7 @@ impl AgentRuntimeBuilder {
             let agent = Agent {
                 gate,
                 hidden: hidden.contains(&spec.id),
+                id: spec.id.as_str().into(),
                 subagents,
                 guard: Agent::guard_items(&spec),
                 deadline: Agent::deadline_of(&spec),

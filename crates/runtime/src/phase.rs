@@ -10,6 +10,7 @@
 //! acts on them at the next phase boundary.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use futures::FutureExt;
 use rein_runtime_contract::inference::{InferenceError, InferenceResponse};
@@ -83,9 +84,9 @@ pub(crate) struct Directives {
 /// The identity of a run, shared by all its contexts.
 #[derive(Debug, Clone)]
 pub(crate) struct RunIdentity {
-    pub(crate) thread_id: String,
-    pub(crate) run_id: String,
-    pub(crate) agent_id: String,
+    pub(crate) thread_id: Arc<str>,
+    pub(crate) run_id: Arc<str>,
+    pub(crate) agent_id: Arc<str>,
 }
 
 /// What a hook sees and may change: the run's identity, its typed state, the

@@ -364,7 +364,7 @@ impl Inner {
             Some(parent) => parent.child_token(),
             None => self.root.child_token(),
         };
-        let mut control = RunControl::new(run_id.clone(), request.thread_id.clone(), token);
+        let mut control = RunControl::new(run_id.clone(), request.thread_id.as_str().into(), token);
         control.root_run_id = request.root_run_id.clone();
         let control = Arc::new(control);
         let slot = match self.registry.acquire(control.clone()) {
@@ -454,7 +454,7 @@ fn internal_failure(
     sink: &dyn EventSink,
     payload: &(dyn std::any::Any + Send),
 ) -> AgentRunResult {
-    let (run_id, thread_id) = (&*control.run_id, control.thread_id.as_str());
+    let (run_id, thread_id) = (&*control.run_id, &*control.thread_id);
     let termination = TerminationReason::Error(format!(
         "internal error: the run loop panicked: {}",
         panic_message(payload)
@@ -838,7 +838,7 @@ impl AgentRuntime {
         controls.sort_by(|a, b| a.run_id.cmp(&b.run_id));
         let mut pending = Vec::new();
         for control in controls {
-            if thread_id.is_some_and(|t| t != control.thread_id) {
+            if thread_id.is_some_and(|t| t != &*control.thread_id) {
                 continue;
             }
             if let Some(parked) = control.parked.get() {
@@ -1018,7 +1018,7 @@ impl AgentRuntime {
         self.inner.observers.thread_cancelled(thread_id);
         let holder = Arc::new(RunControl::new(
             Arc::from(self.next_id("delete")),
-            thread_id.to_owned(),
+            thread_id.into(),
             CancellationToken::new(),
         ));
         // Take the thread's slot: runs that try to start meanwhile fail

@@ -41,8 +41,8 @@ impl Run {
                     emit_guarded(
                         &**sink,
                         AgentEvent::RateLimited {
-                            run_id: run_id.clone(),
-                            thread_id: thread_id.clone(),
+                            run_id: run_id.to_string(),
+                            thread_id: thread_id.to_string(),
                             provider: gate.provider().to_owned(),
                             wait_ms: millis(wait),
                         },

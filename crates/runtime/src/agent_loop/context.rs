@@ -90,8 +90,8 @@ impl Run {
 
     fn compacted(&self, change: Change, trigger: &str) {
         self.emit(|| AgentEvent::ContextCompacted {
-            run_id: self.id.run_id.clone(),
-            thread_id: self.id.thread_id.clone(),
+            run_id: self.id.run_id.to_string(),
+            thread_id: self.id.thread_id.to_string(),
             before_tokens: change.before,
             after_tokens: change.after,
             references: change.count,
@@ -145,18 +145,18 @@ impl Run {
             Ok(Ok(response)) if !response.text.trim().is_empty() => response,
             Ok(Ok(_)) => {
                 tracing::warn!(
-                    run_id = self.id.run_id,
+                    run_id = &*self.id.run_id,
                     "the summary came back empty; the rounds stay"
                 );
                 return Ok(false);
             }
             Ok(Err(error)) => {
-                tracing::warn!(%error, run_id = self.id.run_id, "the summary failed; the rounds stay");
+                tracing::warn!(%error, run_id = &*self.id.run_id, "the summary failed; the rounds stay");
                 return Ok(false);
             }
             Err(_) => {
                 tracing::warn!(
-                    run_id = self.id.run_id,
+                    run_id = &*self.id.run_id,
                     "the summarizing executor panicked; the rounds stay"
                 );
                 return Ok(false);
@@ -167,8 +167,8 @@ impl Run {
             return Ok(false);
         };
         self.emit(|| AgentEvent::ContextSummarized {
-            run_id: self.id.run_id.clone(),
-            thread_id: self.id.thread_id.clone(),
+            run_id: self.id.run_id.to_string(),
+            thread_id: self.id.thread_id.to_string(),
             before_tokens: change.before,
             after_tokens: change.after,
             messages: change.count,
@@ -232,8 +232,8 @@ impl Run {
                 .get::<StopStatsKey>()
                 .map_or(1, |s| s.consecutive_errors.max(1));
             self.emit(|| AgentEvent::InferenceRetry {
-                run_id: self.id.run_id.clone(),
-                thread_id: self.id.thread_id.clone(),
+                run_id: self.id.run_id.to_string(),
+                thread_id: self.id.thread_id.to_string(),
                 attempt,
                 error: error.to_string(),
                 delay_ms: 0,

@@ -99,8 +99,8 @@ impl Run {
             context.route_to(&model);
         }
         self.emit(|| AgentEvent::ModelFallback {
-            run_id: self.id.run_id.clone(),
-            thread_id: self.id.thread_id.clone(),
+            run_id: self.id.run_id.to_string(),
+            thread_id: self.id.thread_id.to_string(),
             from_model: from.clone(),
             to_model: model.id.clone(),
             error: error.to_string(),

@@ -45,8 +45,8 @@ pub(super) enum Inference {
 /// The `detected` event of a detection that took the step `action`.
 fn detected_event(id: &RunIdentity, reason: &StoppedReason, action: &str) -> AgentEvent {
     AgentEvent::Detected {
-        run_id: id.run_id.clone(),
-        thread_id: id.thread_id.clone(),
+        run_id: id.run_id.to_string(),
+        thread_id: id.thread_id.to_string(),
         code: reason.code.clone(),
         detail: reason.detail.clone(),
         action: action.to_owned(),
@@ -148,8 +148,8 @@ impl Run {
             context.sending();
             let (estimated_tokens, window_tokens) = (context.estimate(), context.window_tokens());
             self.emit(|| AgentEvent::PromptEstimated {
-                run_id: self.id.run_id.clone(),
-                thread_id: self.id.thread_id.clone(),
+                run_id: self.id.run_id.to_string(),
+                thread_id: self.id.thread_id.to_string(),
                 step: self.steps,
                 estimated_tokens,
                 window_tokens,
@@ -225,8 +225,8 @@ impl Run {
                             emit_guarded(
                                 &**sink,
                                 AgentEvent::TextDelta {
-                                    run_id: id.run_id.clone(),
-                                    thread_id: id.thread_id.clone(),
+                                    run_id: id.run_id.to_string(),
+                                    thread_id: id.thread_id.to_string(),
                                     delta: text.clone(),
                                 },
                             );
@@ -353,8 +353,8 @@ impl Run {
         }
         let delay = self.backoff.delay(attempt, &error);
         self.emit(|| AgentEvent::InferenceRetry {
-            run_id: self.id.run_id.clone(),
-            thread_id: self.id.thread_id.clone(),
+            run_id: self.id.run_id.to_string(),
+            thread_id: self.id.thread_id.to_string(),
             attempt,
             error: error.to_string(),
             delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
@@ -379,8 +379,8 @@ impl Run {
             Some(usage) => {
                 self.usage.add(usage);
                 self.emit(|| AgentEvent::RoundUsage {
-                    run_id: self.id.run_id.clone(),
-                    thread_id: self.id.thread_id.clone(),
+                    run_id: self.id.run_id.to_string(),
+                    thread_id: self.id.thread_id.to_string(),
                     step: self.steps,
                     usage,
                     model: self.model().id.clone(),

@@ -148,7 +148,7 @@ pub(crate) async fn execute(setup: Box<RunSetup>) -> AgentRunResult {
             "run parked and let go of its task"
         );
         run.control.let_go(*parked);
-        return AgentRunResult::new(run.id.run_id, run.id.thread_id, reason);
+        return AgentRunResult::new(&*run.id.run_id, &*run.id.thread_id, reason);
     }
     Box::pin(run.finish(reason)).await
 }
@@ -238,8 +238,8 @@ fn prepare(setup: Box<RunSetup>) -> (Run, Option<Box<crate::approvals::ParkedRun
         overflow_retried: false,
         id: RunIdentity {
             thread_id: control.thread_id.clone(),
-            run_id: control.run_id.to_string(),
-            agent_id: agent.spec.id.clone(),
+            run_id: control.run_id.clone(),
+            agent_id: agent.id.clone(),
         },
         judge: Judge::live(&agent.spec, &agent.tool_rules),
         checks: model_checks::Checks::of(&agent),
@@ -283,9 +283,9 @@ fn prepare(setup: Box<RunSetup>) -> (Run, Option<Box<crate::approvals::ParkedRun
     // A run carried on from a park started long ago: its stream goes on.
     if resume.is_none() {
         run.emit(|| AgentEvent::RunStarted {
-            run_id: run.id.run_id.clone(),
-            thread_id: run.id.thread_id.clone(),
-            agent_id: run.id.agent_id.clone(),
+            run_id: run.id.run_id.to_string(),
+            thread_id: run.id.thread_id.to_string(),
+            agent_id: run.id.agent_id.to_string(),
         });
     }
     (run, resume, input)
@@ -672,14 +672,14 @@ impl Run {
                 .map_or(0, |s| s.consecutive_errors);
             match (failed_before > 0).then(|| failed_before.saturating_add(1)) {
                 Some(attempt) => self.emit(|| AgentEvent::RetryStarted {
-                    run_id: self.id.run_id.clone(),
-                    thread_id: self.id.thread_id.clone(),
+                    run_id: self.id.run_id.to_string(),
+                    thread_id: self.id.thread_id.to_string(),
                     step: self.steps,
                     attempt,
                 }),
                 None => self.emit(|| AgentEvent::StepStarted {
-                    run_id: self.id.run_id.clone(),
-                    thread_id: self.id.thread_id.clone(),
+                    run_id: self.id.run_id.to_string(),
+                    thread_id: self.id.thread_id.to_string(),
                     step: self.steps,
                 }),
             }
@@ -764,8 +764,8 @@ impl Run {
         }
         for text in std::mem::take(&mut self.directives.user_messages) {
             self.emit(|| AgentEvent::Nudge {
-                run_id: self.id.run_id.clone(),
-                thread_id: self.id.thread_id.clone(),
+                run_id: self.id.run_id.to_string(),
+                thread_id: self.id.thread_id.to_string(),
                 text: text.clone(),
             });
             self.push_history(Message::user(text));
@@ -828,8 +828,8 @@ impl Run {
         // from sending another should anything after this point panic.
         self.control.claim_finished();
         self.emit(|| AgentEvent::RunFinished {
-            run_id: self.id.run_id.clone(),
-            thread_id: self.id.thread_id.clone(),
+            run_id: self.id.run_id.to_string(),
+            thread_id: self.id.thread_id.to_string(),
             termination: reason.clone(),
             response: self.response.clone(),
             cancel_cause: cancel_cause.clone(),
@@ -840,8 +840,8 @@ impl Run {
             report: Some(report.clone()),
         });
         AgentRunResult {
-            run_id: self.id.run_id,
-            thread_id: self.id.thread_id,
+            run_id: self.id.run_id.to_string(),
+            thread_id: self.id.thread_id.to_string(),
             termination: reason,
             response: self.response,
             steps: self.steps,

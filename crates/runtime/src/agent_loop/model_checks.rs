@@ -113,7 +113,7 @@ impl Run {
             };
             match report.outcome {
                 Outcome::Failed | Outcome::Skipped => tracing::warn!(
-                    run_id = self.id.run_id,
+                    run_id = &*self.id.run_id,
                     code = check.code(),
                     model = model_id,
                     outcome = report.outcome.as_str(),
@@ -121,15 +121,15 @@ impl Run {
                     "a model check failed or was not sent; the run goes on"
                 ),
                 _ => tracing::debug!(
-                    run_id = self.id.run_id,
+                    run_id = &*self.id.run_id,
                     code = check.code(),
                     outcome = report.outcome.as_str(),
                     "model check"
                 ),
             }
             self.emit(|| AgentEvent::ModelCheck {
-                run_id: self.id.run_id.clone(),
-                thread_id: self.id.thread_id.clone(),
+                run_id: self.id.run_id.to_string(),
+                thread_id: self.id.thread_id.to_string(),
                 code: check.code().to_owned(),
                 model_id,
                 step: self.steps,

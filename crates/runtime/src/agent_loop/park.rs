@@ -61,9 +61,9 @@ impl Run {
         let taken = parked.let_go()?;
         let pending = parked.all().into_iter().map(|h| h.pending).collect();
         let mut run = ParkedRun::new(
-            self.id.run_id.clone(),
-            self.id.thread_id.clone(),
-            self.id.agent_id.clone(),
+            self.id.run_id.to_string(),
+            self.id.thread_id.to_string(),
+            self.id.agent_id.to_string(),
             pending,
         );
         for (call_id, decision, decider) in taken.decisions {
@@ -220,8 +220,8 @@ impl Run {
             });
         }
         self.emit(|| AgentEvent::RunParked {
-            run_id: self.id.run_id.clone(),
-            thread_id: self.id.thread_id.clone(),
+            run_id: self.id.run_id.to_string(),
+            thread_id: self.id.thread_id.to_string(),
             pending: held
                 .iter()
                 .map(|(_, h)| {
@@ -283,8 +283,8 @@ impl Run {
         let parked = self.parked_state();
         self.escalations += 1;
         let mut pending = PendingApproval::new(
-            &self.id.run_id,
-            &self.id.thread_id,
+            &*self.id.run_id,
+            &*self.id.thread_id,
             format!("escalation-{}", self.escalations),
             &reason.code,
             serde_json::json!({"code": reason.code, "detail": reason.detail}),
@@ -315,8 +315,8 @@ impl Run {
             .decision
             .unwrap_or(Decision::Continue { message: None });
         self.emit(|| AgentEvent::ApprovalDecided {
-            run_id: self.id.run_id.clone(),
-            thread_id: self.id.thread_id.clone(),
+            run_id: self.id.run_id.to_string(),
+            thread_id: self.id.thread_id.to_string(),
             call_id: held.pending.call_id.clone(),
             decision: decision.name().to_owned(),
             decided_by: held.decider.as_ref().and_then(|d| d.by.clone()),
@@ -391,8 +391,8 @@ impl Run {
                 decision.name()
             };
             self.emit(|| AgentEvent::ApprovalDecided {
-                run_id: self.id.run_id.clone(),
-                thread_id: self.id.thread_id.clone(),
+                run_id: self.id.run_id.to_string(),
+                thread_id: self.id.thread_id.to_string(),
                 call_id: call_id.clone(),
                 decision: name.to_owned(),
                 decided_by: h.decider.as_ref().and_then(|d| d.by.clone()),

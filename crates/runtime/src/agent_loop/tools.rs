@@ -29,8 +29,8 @@ use crate::telemetry;
 impl Run {
     pub(super) fn started(&self, call: &ToolCall) {
         self.emit(|| AgentEvent::ToolCallStarted {
-            run_id: self.id.run_id.clone(),
-            thread_id: self.id.thread_id.clone(),
+            run_id: self.id.run_id.to_string(),
+            thread_id: self.id.thread_id.to_string(),
             call_id: call.id.clone(),
             name: call.name.clone(),
             arguments: call.arguments.clone(),
@@ -51,8 +51,8 @@ impl Run {
         self.control.call_started(&call.id, token.clone());
         let run = self.control.token.clone();
         let ctx = ToolContext::new(
-            self.id.thread_id.clone(),
-            self.id.run_id.clone(),
+            self.id.thread_id.to_string(),
+            self.id.run_id.to_string(),
             call.id.clone(),
             token.clone(),
         );
@@ -227,7 +227,7 @@ impl Run {
                     });
                 }
                 gated @ (Gated::Ask(_) | Gated::Question) => {
-                    let ids = (self.id.run_id.as_str(), self.id.thread_id.as_str());
+                    let ids = (self.id.run_id.as_ref(), self.id.thread_id.as_ref());
                     let parameters = tool.descriptor().parameters;
                     held.push((i, Held::new(ids, call, &gated, parameters)));
                 }
@@ -410,8 +410,8 @@ impl Run {
                 }
             }
             self.emit(|| AgentEvent::ToolCallFinished {
-                run_id: self.id.run_id.clone(),
-                thread_id: self.id.thread_id.clone(),
+                run_id: self.id.run_id.to_string(),
+                thread_id: self.id.thread_id.to_string(),
                 call_id: result.call_id.clone(),
                 name: result.name.clone(),
                 result: result.content.clone(),
