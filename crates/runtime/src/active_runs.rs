@@ -87,9 +87,11 @@ impl RunControl {
         self.calls().push((call_id.to_owned(), token));
     }
 
-    /// Forgets the round's calls: they all ended.
+    /// Forgets the round's calls: they all ended. Their list's room is
+    /// given back too: a run spends most of its life waiting on the model,
+    /// not holding calls (W2's memory per run).
     pub(crate) fn calls_ended(&self) {
-        self.calls().clear();
+        *self.calls() = Vec::new();
     }
 
     /// Cancels the running call `call_id` (every call with that id); `Err`
