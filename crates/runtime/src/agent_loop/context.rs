@@ -10,7 +10,7 @@ use futures::{FutureExt, StreamExt};
 use rein_runtime_contract::event::AgentEvent;
 use rein_runtime_contract::inference::{InferenceError, InferenceRequest, InferenceResponse};
 use rein_runtime_contract::lifecycle::TerminationReason;
-use rein_runtime_contract::message::{CacheUsage, Message};
+use rein_runtime_contract::message::Message;
 
 use super::{MAX_SUMMARY_PASSES, Run, interrupted};
 use crate::context::{Change, ContextWindow};
@@ -191,9 +191,7 @@ impl Run {
             None => self.usage_complete = false,
         }
         if let Some(cache) = response.cache {
-            self.cache_usage
-                .get_or_insert_with(CacheUsage::default)
-                .add(cache);
+            self.cache_usage.get_or_insert_with(Box::default).add(cache);
         }
     }
 

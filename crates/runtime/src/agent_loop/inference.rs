@@ -14,7 +14,7 @@ use rein_runtime_contract::inference::{
     InferenceDelta, InferenceError, InferenceErrorKind, InferenceResponse,
 };
 use rein_runtime_contract::lifecycle::{StoppedReason, TerminationReason};
-use rein_runtime_contract::message::{CacheUsage, Message};
+use rein_runtime_contract::message::Message;
 use rein_runtime_contract::phase::Phase;
 
 use super::judge::{Act, Judge};
@@ -392,9 +392,7 @@ impl Run {
             None => self.usage_complete = false,
         }
         if let Some(cache) = response.cache {
-            self.cache_usage
-                .get_or_insert_with(CacheUsage::default)
-                .add(cache);
+            self.cache_usage.get_or_insert_with(Box::default).add(cache);
         }
         self.overflow_retried = false;
         let at = self.started.elapsed();

@@ -137,7 +137,7 @@ pub(crate) async fn execute(setup: Box<RunSetup>) -> AgentRunResult {
     // Work has stopped; a deadline passing now must not turn the reason
     // into a cancellation.
     run.watchdog = DeadlineWatchdog(None);
-    if let Some(parked) = run.let_go.take() {
+    if let Some(parked) = run.rare.as_mut().and_then(|r| r.let_go.take()) {
         // Parked and let go: the parked round is stored and announced;
         // whoever carries the run on finishes it.
         if let Some(context) = run.context.take() {
@@ -265,12 +265,8 @@ fn prepare(setup: Box<RunSetup>) -> (Run, Option<Box<crate::approvals::ParkedRun
         time_limit,
         deadline,
         watchdog,
-        parked_pending: Vec::new(),
-        parked_round: None,
         release_when_parked,
-        let_go: None,
-        escalations: 0,
-        children: Vec::new(),
+        rare: None,
         state,
         directives: Directives::default(),
         started,
@@ -352,21 +348,10 @@ struct Run {
     deadline: Option<Instant>,
     /// Cancels the run at `deadline`; none while parked or once work stops.
     watchdog: DeadlineWatchdog,
-    /// The calls the run still waited on when it ended while parked.
-    parked_pending: Vec<rein_runtime_contract::approval::PendingApproval>,
-    /// While parked: where the parked round's assistant message is in the
-    /// history (stored already, its held calls still unanswered).
-    parked_round: Option<usize>,
     /// Whether the run lets go of its task when it parks.
     release_when_parked: bool,
-    /// Set when it did: the parked run to carry on.
-    /// Boxed, like `context`: most runs never park, and a run's suspended
-    /// future holds its `Run` (W2's memory per run).
-    let_go: Option<Box<crate::approvals::ParkedRun>>,
-    /// Escalations so far (their pending ids are `escalation-<n>`).
-    escalations: u32,
-    /// The sub-agent runs that ended, in order.
-    children: Vec<ChildRun>,
+    /// Parking and sub-agent calls, made on first use (see [`Rare`]).
+    rare: Option<Box<Rare>>,
     state: RunState,
     directives: Directives,
     started: Instant,
@@ -378,7 +363,8 @@ struct Run {
     steps: u32,
     usage: TokenUsage,
     usage_complete: bool,
-    cache_usage: Option<CacheUsage>,
+    /// Boxed: only runs on a provider that reports caching pay for it.
+    cache_usage: Option<Box<CacheUsage>>,
     response: String,
     /// What the model sees, for agents with a context policy or a budget.
     /// Boxed: a run without a context policy or token budget pays one
@@ -387,6 +373,25 @@ struct Run {
     /// Whether this round's inference was already retried after the
     /// provider refused the prompt as too long.
     overflow_retried: bool,
+}
+
+/// What only some runs need — parking for a person, sub-agent calls —
+/// boxed on first use: a run's suspended future holds its [`Run`], and a
+/// run that uses none of it pays a pointer (W2's memory per run).
+#[derive(Default)]
+struct Rare {
+    /// The calls the run still waited on when it ended while parked.
+    parked_pending: Vec<rein_runtime_contract::approval::PendingApproval>,
+    /// While parked: where the parked round's assistant message is in the
+    /// history (stored already, its held calls still unanswered).
+    parked_round: Option<usize>,
+    /// Set when the run let go of its task while parked: the parked run
+    /// to carry on.
+    let_go: Option<Box<crate::approvals::ParkedRun>>,
+    /// Escalations so far (their pending ids are `escalation-<n>`).
+    escalations: u32,
+    /// The sub-agent runs that ended, in order.
+    children: Vec<ChildRun>,
 }
 
 /// Sends `event` to `sink`, containing a panic in the sink: a sink that
@@ -447,6 +452,11 @@ impl Run {
         if self.events {
             emit_guarded(&*self.sink, event());
         }
+    }
+
+    /// The run's [`Rare`] part, made on first use.
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
     }
 
     /// Changes the history (through the store's loan, if it lent it).
@@ -783,14 +793,18 @@ impl Run {
             not_run_note(
                 &reason,
                 self.control.cause(),
-                !self.parked_pending.is_empty()
+                self.rare
+                    .as_ref()
+                    .is_some_and(|r| !r.parked_pending.is_empty())
             ),
             status.explanation()
         );
         // A round parked and stored with its held calls unanswered is
         // repaired too.
         let from = self
-            .parked_round
+            .rare
+            .as_ref()
+            .and_then(|r| r.parked_round)
             .map_or(self.committed, |at| at.min(self.committed));
         let repaired =
             self.edit_history(|history| history::repair_calls(history, from, &note, Some(status)));
@@ -835,7 +849,7 @@ impl Run {
             cancel_cause: cancel_cause.clone(),
             steps: self.steps,
             usage: self.usage,
-            cache_usage: self.cache_usage,
+            cache_usage: self.cache_usage.as_deref().copied(),
             outputs: outputs.clone(),
             report: Some(report.clone()),
         });
@@ -847,7 +861,7 @@ impl Run {
             steps: self.steps,
             usage: self.usage,
             usage_complete: self.usage_complete,
-            cache_usage: self.cache_usage,
+            cache_usage: self.cache_usage.as_deref().copied(),
             cancel_cause,
             outputs,
             exports,

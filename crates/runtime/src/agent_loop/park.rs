@@ -76,7 +76,7 @@ impl Run {
         run.steps = self.steps;
         run.usage = self.usage;
         run.active = self.started.elapsed();
-        self.let_go = Some(Box::new(run));
+        self.rare().let_go = Some(Box::new(run));
         Some(TerminationReason::NaturalEnd)
     }
 
@@ -153,13 +153,13 @@ impl Run {
                 tracing::warn!(%error, call_id, "a stored decision was not applied");
             }
         }
-        self.parked_round = Some(at);
+        self.rare().parked_round = Some(at);
         // A rule's timeout that passed while no task waited applies now
         // (unless the run is carried on to end).
         if !self.control.token.is_cancelled() {
             let (_, stop) = parked.expire(Instant::now());
             if let Some(detail) = stop {
-                self.parked_pending = parked.pending();
+                self.rare().parked_pending = parked.pending();
                 return Err(TerminationReason::stopped("approval_timeout", detail));
             }
         }
@@ -184,7 +184,7 @@ impl Run {
             pending.arguments["detail"].as_str().unwrap_or_default(),
         );
         let call_id = pending.call_id.clone();
-        self.escalations += 1;
+        self.rare().escalations += 1;
         parked.hold(vec![Held::waiting(pending)]);
         for (id, decision) in decisions.into_iter().filter(|(id, _)| *id == call_id) {
             let decider = decider_of(deciders, &id);
@@ -201,11 +201,12 @@ impl Run {
     async fn announce_park(&mut self, held: &[(usize, Held)]) -> Result<(), TerminationReason> {
         // The thread shows the round so far (the other calls' results)
         // while the run waits.
-        self.parked_round = self
+        let at = self
             .request
             .messages
             .iter()
             .rposition(|m| !m.tool_calls.is_empty());
+        self.rare().parked_round = at;
         self.persist().await?;
         for (_, h) in held {
             let p = &h.pending;
@@ -249,7 +250,9 @@ impl Run {
         self.wait_parked(parked).await?;
         let decided = self.run_decided(calls, parked.all(), held).await;
         if decided.is_ok() {
-            self.parked_round = None;
+            if let Some(rare) = &mut self.rare {
+                rare.parked_round = None;
+            }
         }
         decided
     }
@@ -267,7 +270,7 @@ impl Run {
         self.deadline = self.deadline.map(|d| d + parked_for);
         self.watchdog = DeadlineWatchdog::start(&self.control, self.deadline);
         if let Some(reason) = ended {
-            self.parked_pending = parked.pending();
+            self.rare().parked_pending = parked.pending();
             return Err(reason);
         }
         Ok(())
@@ -281,11 +284,13 @@ impl Run {
         reason: StoppedReason,
     ) -> Result<Option<String>, TerminationReason> {
         let parked = self.parked_state();
-        self.escalations += 1;
+        let rare = self.rare();
+        rare.escalations += 1;
+        let escalation = rare.escalations;
         let mut pending = PendingApproval::new(
             &*self.id.run_id,
             &*self.id.thread_id,
-            format!("escalation-{}", self.escalations),
+            format!("escalation-{escalation}"),
             &reason.code,
             serde_json::json!({"code": reason.code, "detail": reason.detail}),
         );
@@ -294,7 +299,9 @@ impl Run {
         parked.hold(vec![held.clone()]);
         self.announce_park(std::slice::from_ref(&(0, held))).await?;
         // No call of a round waits: nothing to repair if it ends here.
-        self.parked_round = None;
+        if let Some(rare) = &mut self.rare {
+            rare.parked_round = None;
+        }
         if let Some(ending) = self.try_let_go(&parked) {
             return Err(ending);
         }

@@ -15,8 +15,10 @@ impl Run {
         let mut report = StopReport::new(reason);
         report.limits = self.limits();
         report.tool_calls = self.incomplete.clone();
-        report.children = self.children.clone();
-        report.pending_approvals = self.parked_pending.clone();
+        if let Some(rare) = &self.rare {
+            report.children = rare.children.clone();
+            report.pending_approvals = rare.parked_pending.clone();
+        }
         report.rate_limited = self.rate_limited();
         report.plan = self
             .state

@@ -314,7 +314,7 @@ impl Run {
             // The children's usage is the run's too.
             for (child, usage) in family.round_ended() {
                 self.usage.add(usage);
-                self.children.push(child);
+                self.rare().children.push(child);
             }
         }
         for i in stopped {
