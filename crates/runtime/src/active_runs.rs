@@ -31,6 +31,9 @@ tokio::task_local! {
     pub(crate) static CURRENT_RUN: Arc<str>;
 }
 
+/// The tool calls a run has running, each with its token.
+type Calls = smallvec::SmallVec<[(String, CancellationToken); 1]>;
+
 /// The control block of one run: its token, why it was cancelled, and the
 /// latch that opens when its slot is released.
 #[derive(Debug)]
@@ -45,7 +48,9 @@ pub(crate) struct RunControl {
     finished: AtomicBool,
     /// The tool calls running now, with each call's token (a child of the
     /// run's): cancelling one ends that call alone.
-    calls: std::sync::Mutex<Vec<(String, CancellationToken)>>,
+    /// Inline room for one: most rounds make one call, and a run waiting
+    /// on the model holds none (W2's memory per run).
+    calls: std::sync::Mutex<Calls>,
     /// What the run shares with its sub-agent calls (runs of agents with
     /// sub-agents only).
     pub(crate) family: OnceLock<Arc<crate::subagents::Family>>,
@@ -76,7 +81,7 @@ impl RunControl {
         }
     }
 
-    fn calls(&self) -> std::sync::MutexGuard<'_, Vec<(String, CancellationToken)>> {
+    fn calls(&self) -> std::sync::MutexGuard<'_, Calls> {
         self.calls
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -87,11 +92,10 @@ impl RunControl {
         self.calls().push((call_id.to_owned(), token));
     }
 
-    /// Forgets the round's calls: they all ended. Their list's room is
-    /// given back too: a run spends most of its life waiting on the model,
-    /// not holding calls (W2's memory per run).
+    /// Forgets the round's calls: they all ended. A list that outgrew its
+    /// inline room gives the heap's back.
     pub(crate) fn calls_ended(&self) {
-        *self.calls() = Vec::new();
+        *self.calls() = Calls::new();
     }
 
     /// Cancels the running call `call_id` (every call with that id); `Err`
