@@ -315,13 +315,17 @@ mod tests {
         assert!(reg.acquire(control("r4", "t")).is_ok());
     }
 
-    #[test]
-    fn a_waiter_outside_any_task_sees_a_release_made_at_once_or_later() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
+    fn two_workers() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
-            .unwrap();
+            .unwrap()
+    }
+
+    #[test]
+    fn a_waiter_outside_any_task_sees_a_release_made_at_once_or_later() {
+        let rt = two_workers();
         let reg = Arc::new(ActiveRunRegistry::default());
         for delay in [Duration::ZERO, Duration::from_millis(20)] {
             let c = control("r", "t");
@@ -351,11 +355,7 @@ mod tests {
 
     #[test]
     fn a_release_racing_with_its_waiters_wakes_every_one_of_them() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = two_workers();
         let reg = Arc::new(ActiveRunRegistry::default());
         for i in 0..2_000 {
             let c = control(&format!("r{i}"), &format!("t{i}"));

@@ -246,6 +246,27 @@ impl PgRuns {
         self.leases.fence(thread_id)
     }
 
+    /// A [`fenced_events!`] statement with its first seven parameters
+    /// bound: the thread, its fence, this process, the run and its events'
+    /// columns.
+    fn fenced_events<'q>(
+        &'q self,
+        sql: &'static str,
+        thread_id: &'q str,
+        fence: i64,
+        run_id: &'q str,
+        (seqs, kinds, datas): (&'q Vec<i64>, &'q Vec<&'q str>, &'q Vec<&'q str>),
+    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, i64, sqlx::postgres::PgArguments> {
+        sqlx::query_scalar(sql)
+            .bind(thread_id)
+            .bind(fence)
+            .bind(self.leases.owner())
+            .bind(run_id)
+            .bind(seqs)
+            .bind(kinds)
+            .bind(datas)
+    }
+
     /// Claims the thread's next queued run (the oldest; with
     /// `interrupting_only`, the oldest `interrupt` one) and marks it
     /// `running`. `None` when there is none, or the thread is not held.
@@ -297,14 +318,14 @@ impl PgRuns {
             return Ok(false);
         };
         let (seqs, kinds, datas) = columns(events);
-        let written: i64 = sqlx::query_scalar(APPEND_EVENTS)
-            .bind(thread_id)
-            .bind(fence)
-            .bind(self.leases.owner())
-            .bind(run_id)
-            .bind(&seqs)
-            .bind(&kinds)
-            .bind(&datas)
+        let written: i64 = self
+            .fenced_events(
+                APPEND_EVENTS,
+                thread_id,
+                fence,
+                run_id,
+                (&seqs, &kinds, &datas),
+            )
             .fetch_one(&self.pool)
             .await?;
         Ok(written > 0)
@@ -333,14 +354,8 @@ impl PgRuns {
             return Ok(false);
         };
         let (seqs, kinds, datas) = columns(events);
-        let finished: i64 = sqlx::query_scalar(FINISH)
-            .bind(thread_id)
-            .bind(fence)
-            .bind(self.leases.owner())
-            .bind(run_id)
-            .bind(&seqs)
-            .bind(&kinds)
-            .bind(&datas)
+        let finished: i64 = self
+            .fenced_events(FINISH, thread_id, fence, run_id, (&seqs, &kinds, &datas))
             .bind(crate::nul::encode(record).as_ref())
             .fetch_one(&self.pool)
             .await?;

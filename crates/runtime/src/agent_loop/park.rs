@@ -249,10 +249,10 @@ impl Run {
     ) -> Result<(), TerminationReason> {
         self.wait_parked(parked).await?;
         let decided = self.run_decided(calls, parked.all(), held).await;
-        if decided.is_ok() {
-            if let Some(rare) = &mut self.rare {
-                rare.parked_round = None;
-            }
+        if decided.is_ok()
+            && let Some(rare) = &mut self.rare
+        {
+            rare.parked_round = None;
         }
         decided
     }
