@@ -4,7 +4,7 @@
 //! registering it twice fails with [`StateError::KeyAlreadyRegistered`].
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use rein_runtime_contract::state::{StateError, StateKey};
 
@@ -83,34 +83,49 @@ pub(crate) fn register_key(
     Ok(())
 }
 
-/// The hasher of the state map: its keys are the plugins' `&'static str`
-/// names, fixed in code, so a fast fixed-seed hash does (SipHash, the
-/// default, costs a few hundred instructions a lookup, every round).
-type Keys = foldhash::fast::FixedState;
-
 /// The typed state of one run: one value per registered key, each starting
 /// at its `Default`.
+///
+/// A list searched in order, not a map: a run has a handful of keys (W2's
+/// one), their names are short, and a map's table cost ~100 bytes a run
+/// (W2's memory per run) for lookups no faster at this size.
 #[derive(Default)]
 pub(crate) struct RunState {
-    slots: HashMap<&'static str, Slot, Keys>,
+    slots: Vec<(&'static str, Slot)>,
 }
 
 impl std::fmt::Debug for RunState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_set().entries(self.slots.keys()).finish()
+        f.debug_set()
+            .entries(self.slots.iter().map(|(k, _)| k))
+            .finish()
     }
 }
 
 impl RunState {
     pub(crate) fn new(keys: &[KeyRegistration]) -> Self {
-        Self {
-            slots: keys.iter().map(|k| (k.key, (k.init)())).collect(),
-        }
+        // Room for the runtime's own key too (`ensure`).
+        let mut slots = Vec::with_capacity(keys.len() + 1);
+        slots.extend(keys.iter().map(|k| (k.key, (k.init)())));
+        Self { slots }
+    }
+
+    fn slot(&self, key: &str) -> Option<&Slot> {
+        self.slots.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
+    fn slot_of(&mut self, key: &str) -> Option<&mut Slot> {
+        self.slots
+            .iter_mut()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v)
     }
 
     /// Makes sure `K` has a slot (used for the runtime's own keys).
     pub(crate) fn ensure<K: StateKey>(&mut self) {
-        self.slots.entry(K::KEY).or_insert_with(init_default::<K>);
+        if self.slot(K::KEY).is_none() {
+            self.slots.push((K::KEY, init_default::<K>()));
+        }
     }
 
     /// The final values of the exported keys, as JSON by key name.
@@ -118,15 +133,14 @@ impl RunState {
         keys.iter()
             .filter_map(|k| {
                 let export = k.export?;
-                let value = export(self.slots.get(k.key)?)?;
+                let value = export(self.slot(k.key)?)?;
                 Some((k.key.to_owned(), value))
             })
             .collect()
     }
 
     pub(crate) fn get<K: StateKey>(&self) -> Result<&K::Value, StateError> {
-        self.slots
-            .get(K::KEY)
+        self.slot(K::KEY)
             .ok_or_else(|| StateError::UnknownKey {
                 key: K::KEY.to_owned(),
             })?
@@ -139,12 +153,11 @@ impl RunState {
     /// `K`'s value when the run has it, with no error built when it has
     /// not (the loop asks every round for keys most runs lack).
     pub(crate) fn slot_mut<K: StateKey>(&mut self) -> Option<&mut K::Value> {
-        self.slots.get_mut(K::KEY)?.downcast_mut()
+        self.slot_of(K::KEY)?.downcast_mut()
     }
 
     pub(crate) fn get_mut<K: StateKey>(&mut self) -> Result<&mut K::Value, StateError> {
-        self.slots
-            .get_mut(K::KEY)
+        self.slot_of(K::KEY)
             .ok_or_else(|| StateError::UnknownKey {
                 key: K::KEY.to_owned(),
             })?
