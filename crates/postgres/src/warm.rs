@@ -68,8 +68,16 @@ pub(crate) async fn warm_tables(conn: &mut sqlx::PgConnection) -> Result<usize, 
 /// `NULL`; nothing runs). Returns the names of those that failed, with
 /// why.
 pub(crate) async fn warm_statements(conn: &mut sqlx::PgConnection) -> Vec<(&'static str, String)> {
+    warm(conn, HOT).await
+}
+
+/// Prepares and plans each of `statements` (see [`warm_statements`]).
+async fn warm(
+    conn: &mut sqlx::PgConnection,
+    statements: &[(&'static str, &str)],
+) -> Vec<(&'static str, String)> {
     let mut failed = Vec::new();
-    for (name, sql) in HOT {
+    for (name, sql) in statements {
         let params = vec!["NULL"; parameters(sql)].join(", ");
         let args = if params.is_empty() {
             String::new()
@@ -85,8 +93,12 @@ pub(crate) async fn warm_statements(conn: &mut sqlx::PgConnection) -> Vec<(&'sta
             .await
         {
             failed.push((*name, error.to_string()));
-            // A failed batch may leave the statement prepared.
-            let _ = sqlx::raw_sql("DEALLOCATE ALL").execute(&mut *conn).await;
+            // A batch that failed after its `PREPARE` leaves the statement
+            // (it outlives the aborted transaction); the next one reuses
+            // the name. Only this name: sqlx's own statements stay.
+            let _ = sqlx::raw_sql("DEALLOCATE rein_warm")
+                .execute(&mut *conn)
+                .await;
         }
     }
     failed
@@ -182,6 +194,31 @@ mod tests {
         let mut conn = pool.acquire().await.unwrap();
         assert_eq!(warm_statements(&mut conn).await, Vec::new());
         // No statement stays prepared under the warm-up's name.
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_prepared_statements WHERE name = 'rein_warm'",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        assert_eq!(left, 0);
+    }
+
+    #[tokio::test]
+    async fn a_statement_that_fails_to_warm_is_reported_and_the_next_still_warms() {
+        let Some(url) = database() else { return };
+        let pool = crate::connect(&url).await.unwrap();
+        let mut conn = pool.acquire().await.unwrap();
+        let statements = [
+            // Fails at `PREPARE`: no such column.
+            ("no_column", "SELECT no_such_column FROM rein_threads"),
+            // Prepared, then fails at `EXECUTE`: the `$2` in the literal
+            // counts as a second parameter the statement does not take.
+            ("prepared_then_failed", "SELECT $1::text, '$2'"),
+            ("load", store::LOAD),
+        ];
+        let failed = warm(&mut conn, &statements).await;
+        let names: Vec<_> = failed.iter().map(|(name, _)| *name).collect();
+        assert_eq!(names, ["no_column", "prepared_then_failed"], "{failed:?}");
         let left: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_prepared_statements WHERE name = 'rein_warm'",
         )
