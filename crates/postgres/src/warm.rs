@@ -169,6 +169,14 @@ mod tests {
         url
     }
 
+    /// How many statements stay prepared under the warm-up's name.
+    async fn left_prepared(conn: &mut sqlx::PgConnection) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM pg_prepared_statements WHERE name = 'rein_warm'")
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    }
+
     #[test]
     fn a_statement_s_parameters_are_counted_by_its_highest_number() {
         assert_eq!(parameters("SELECT 1"), 0);
@@ -194,13 +202,7 @@ mod tests {
         let mut conn = pool.acquire().await.unwrap();
         assert_eq!(warm_statements(&mut conn).await, Vec::new());
         // No statement stays prepared under the warm-up's name.
-        let left: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_prepared_statements WHERE name = 'rein_warm'",
-        )
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
-        assert_eq!(left, 0);
+        assert_eq!(left_prepared(&mut conn).await, 0);
     }
 
     #[tokio::test]
@@ -219,12 +221,6 @@ mod tests {
         let failed = warm(&mut conn, &statements).await;
         let names: Vec<_> = failed.iter().map(|(name, _)| *name).collect();
         assert_eq!(names, ["no_column", "prepared_then_failed"], "{failed:?}");
-        let left: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_prepared_statements WHERE name = 'rein_warm'",
-        )
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
-        assert_eq!(left, 0);
+        assert_eq!(left_prepared(&mut conn).await, 0);
     }
 }
